@@ -1,0 +1,19 @@
+"""AutoScout for Optuna: structural tree search, dense coordinate descent, a bandit between them,
+and a multi-fidelity pruner that spends real runs only where they matter.
+
+``import autoscout_optuna`` never imports torch.
+"""
+
+from autoscout_optuna._failure import Infeasible
+from autoscout_optuna.fidelity import FidelityPruner
+from autoscout_optuna.samplers import AutoScoutSampler, CoordinateDescentSampler, MCTSSampler
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AutoScoutSampler",
+    "CoordinateDescentSampler",
+    "FidelityPruner",
+    "Infeasible",
+    "MCTSSampler",
+]

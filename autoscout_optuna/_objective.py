@@ -1,0 +1,66 @@
+"""Objectives built from a :class:`StudyDefinition`, sharing one failure-recording path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+
+from autoscout_optuna._failure import FAILURE_REASON_KEY, Infeasible
+from autoscout_optuna._rng import trial_rng
+from autoscout_optuna._study_definition import StudyDefinition
+
+TRUE_VALUE_KEY = "true_value"
+
+
+def record_failure(trial: optuna.Trial, error: Infeasible) -> None:
+    """Write why a trial failed where optuna-dashboard and ``trials_dataframe`` show it."""
+    trial.set_user_attr(FAILURE_REASON_KEY, error.reason)
+    if error.detail:
+        trial.set_user_attr("failure_detail", error.detail[:500])
+
+
+def call_recording_failure(trial: optuna.Trial, fn: Callable[[], Any]) -> Any:
+    """Call ``fn``; an :class:`Infeasible` is recorded on the trial and re-raised."""
+    try:
+        return fn()
+    except Infeasible as error:
+        record_failure(trial, error)
+        raise
+
+
+def reference_objective(
+    definition: StudyDefinition, *, noise_seed: int | None = 0
+) -> Callable[[optuna.Trial], float]:
+    """Objective that scores each config with the study's reference (or real) evaluator.
+
+    With ``noise_seed`` set, each trial sees seeded measurement noise derived from
+    (noise_seed, trial number); the noiseless value is stored as user attr ``true_value`` so
+    benchmarks score what was found, not how lucky its measurement was.
+    """
+
+    def objective(trial: optuna.Trial) -> float:
+        config = definition.suggest(trial)
+        if definition.is_real:
+            return float(call_recording_failure(trial, lambda: definition.measure(config, None)))
+        true_value = call_recording_failure(trial, lambda: definition.measure(config, None))
+        trial.set_user_attr(TRUE_VALUE_KEY, float(true_value))
+        if noise_seed is None:
+            return float(true_value)
+        rng = trial_rng(noise_seed, trial.number, "measurement-noise")
+        return float(definition.measure(config, rng))
+
+    return objective
+
+
+def simulator_objective(definition: StudyDefinition) -> Callable[[optuna.Trial], float]:
+    """Objective that scores each config with the study's cheap simulator only."""
+    if definition.simulate is None:
+        raise ValueError(f"study {definition.name!r} has no simulator")
+
+    def objective(trial: optuna.Trial) -> float:
+        config = definition.suggest(trial)
+        return float(call_recording_failure(trial, lambda: definition.simulate(config)))
+
+    return objective

@@ -1,0 +1,56 @@
+"""The one module that touches Optuna's private storage API.
+
+Optuna 5 removed ``Trial.set_system_attr``; samplers and pruners receive a ``FrozenTrial`` they
+cannot write to. Everything that reads history or writes per-trial attrs from inside a sampler or
+pruner goes through these functions, so an Optuna upgrade has one place to fix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Container, Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+
+def get_trials(
+    study: optuna.Study, states: Container[TrialState] | None = None
+) -> list[FrozenTrial]:
+    """All trials of ``study`` (no deep copy, cached): the only source of sampler state."""
+    return study._get_trials(deepcopy=False, use_cache=True, states=states)
+
+
+def set_user_attr(study: optuna.Study, trial: FrozenTrial, key: str, value: Any) -> None:
+    """Record a JSON-serializable decision on a trial, visible in optuna-dashboard."""
+    study._storage.set_trial_user_attr(trial._trial_id, key, _jsonable(value))
+
+
+def set_system_attr(study: optuna.Study, trial: FrozenTrial, key: str, value: Any) -> None:
+    """Record internal bookkeeping on a trial (not shown by optuna-dashboard)."""
+    study._storage.set_trial_system_attr(trial._trial_id, key, _jsonable(value))
+
+
+def get_fresh_trial(study: optuna.Study, trial: FrozenTrial) -> FrozenTrial:
+    """Re-read ``trial`` from storage (attrs written since the FrozenTrial was made)."""
+    return study._storage.get_trial(trial._trial_id)
+
+
+def study_directions(study: optuna.Study) -> Sequence[optuna.study.StudyDirection]:
+    return study.directions
+
+
+def _jsonable(value: Any) -> Any:
+    """Round-trip through JSON so nothing unpicklable or numpy-typed reaches storage."""
+    return json.loads(json.dumps(value, default=_default))
+
+
+def _default(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    if hasattr(obj, "tolist"):  # numpy arrays
+        return obj.tolist()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"value of type {type(obj).__name__} cannot be stored as a trial attr")

@@ -1,0 +1,110 @@
+"""What a ready-made study is: a define-by-run space, a cheap simulator, a real evaluator.
+
+Presets in ``studies/`` (importable as ``autoscout_optuna.studies``) each build one
+:class:`StudyDefinition`; the CLI, the benchmark and the fidelity layer only see this type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import optuna
+
+from autoscout_optuna._space import is_structural
+
+Config = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StudyDefinition:
+    """A study preset.
+
+    Attributes:
+        name: Registry name, e.g. ``"llm_training"``.
+        direction: ``"maximize"`` or ``"minimize"``.
+        metric: What the value measures, with its unit, e.g. ``"tokens/s"``.
+        suggest: Define-by-run space: takes an ``optuna.Trial`` (or anything with the same
+            ``suggest_*`` methods) and returns the full config (params plus derived values).
+        measure: The real measurement, or in benchmarks the reference evaluator playing it:
+            ``measure(config, rng)`` returns the value, or raises ``Infeasible``. ``rng`` is None
+            for the noiseless value (reference studies) and a generator for seeded noise.
+        simulate: A cheap, coarser estimate ``simulate(config)``; raises ``Infeasible`` where
+            the simulator predicts failure (e.g. out of memory). None if the study has none.
+        default_config: The expert/default configuration, for "gain over default" reports.
+        optimum: Best noiseless ``measure`` value, found once by enumeration (benchmarks).
+        is_real: True when ``measure`` runs a real job (not a reference model): no noiseless
+            value exists and benchmarks skip the study.
+        description: One line for ``autoscout run --help`` and reports.
+    """
+
+    name: str
+    direction: str
+    metric: str
+    suggest: Callable[[Any], Config]
+    measure: Callable[[Mapping[str, Any], np.random.Generator | None], float]
+    simulate: Callable[[Mapping[str, Any]], float] | None = None
+    default_config: Mapping[str, Any] | None = None
+    optimum: float | None = None
+    is_real: bool = False
+    description: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("maximize", "minimize"):
+            raise ValueError(f"direction must be 'maximize' or 'minimize', got {self.direction!r}")
+
+
+class Knobs:
+    """A thin wrapper over a trial's ``suggest_*`` that lets presets pin or default knobs.
+
+    Study code calls ``knobs.categorical(...)``, ``knobs.int(...)``, ``knobs.float(...)`` with a
+    ``default``. A knob named in ``fixed`` takes that value without being suggested (e.g. the
+    structure fixed at a good layout); with ``dense_at_defaults=True`` every dense knob takes its
+    default (the structural-only benchmark variant). Everything else is suggested as usual.
+
+    Args:
+        trial: An ``optuna.Trial`` (or an object with the same suggest methods).
+        fixed: Knob values that are not searched.
+        dense_at_defaults: Hold dense knobs at their defaults.
+    """
+
+    def __init__(
+        self,
+        trial: Any,
+        *,
+        fixed: Mapping[str, Any] | None = None,
+        dense_at_defaults: bool = False,
+    ) -> None:
+        self.trial = trial
+        self.fixed = dict(fixed or {})
+        self.dense_at_defaults = dense_at_defaults
+
+    def categorical(self, name: str, choices: list[Any], *, default: Any = None) -> Any:
+        if name in self.fixed:
+            return self.fixed[name]
+        return self.trial.suggest_categorical(name, choices)
+
+    def int(
+        self, name: str, low: int, high: int, *, step: int = 1, log: bool = False,
+        default: int | None = None,
+    ) -> int:
+        if name in self.fixed:
+            return self.fixed[name]
+        dist = optuna.distributions.IntDistribution(low, high, step=step, log=log)
+        if self.dense_at_defaults and default is not None and not is_structural(dist):
+            return default
+        return self.trial.suggest_int(name, low, high, step=step, log=log)
+
+    def float(
+        self, name: str, low: float, high: float, *, step: float | None = None,
+        log: bool = False, default: float | None = None,
+    ) -> float:
+        if name in self.fixed:
+            return self.fixed[name]
+        dist = optuna.distributions.FloatDistribution(low, high, step=step, log=log)
+        if self.dense_at_defaults and default is not None and not is_structural(dist):
+            return default
+        return self.trial.suggest_float(name, low, high, step=step, log=log)
