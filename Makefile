@@ -24,7 +24,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -ra -m "not slow"
 
 bench: $(STAMP)
-	$(VENV)/bin/autoscout bench $(ARGS)
+	$(PY) -m autoscout_optuna.benchmark $(ARGS)
 
 gpu-check:
 	bash scripts/gpu_check.sh

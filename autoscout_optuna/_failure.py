@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-FAILURE_REASON_KEY = "failure_reason"
-
 
 class Infeasible(Exception):
     """A configuration that cannot run: out of memory, invalid layout, SLO miss, crash.

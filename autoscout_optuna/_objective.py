@@ -8,10 +8,9 @@ from typing import Any
 import optuna
 
 from autoscout_optuna._failure import FAILURE_REASON_KEY, Infeasible
+from autoscout_optuna._keys import TRUE_VALUE as TRUE_VALUE_KEY
 from autoscout_optuna._rng import trial_rng
 from autoscout_optuna._study_definition import StudyDefinition
-
-TRUE_VALUE_KEY = "true_value"
 
 
 def record_failure(trial: optuna.Trial, error: Infeasible) -> None:
