@@ -4,6 +4,7 @@ and a multi-fidelity pruner that spends real runs only where they matter.
 ``import autoscout_optuna`` never imports torch.
 """
 
+from autoscout_optuna._decisions import decisions_table
 from autoscout_optuna._failure import Infeasible
 from autoscout_optuna.fidelity import FidelityPruner
 from autoscout_optuna.samplers import AutoScoutSampler, CoordinateDescentSampler, MCTSSampler
@@ -16,4 +17,5 @@ __all__ = [
     "FidelityPruner",
     "Infeasible",
     "MCTSSampler",
+    "decisions_table",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from autoscout_optuna._keys import FAILURE_REASON as FAILURE_REASON_KEY  # noqa: F401
+
 
 class Infeasible(Exception):
     """A configuration that cannot run: out of memory, invalid layout, SLO miss, crash.

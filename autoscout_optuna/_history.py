@@ -17,6 +17,7 @@ from optuna.distributions import BaseDistribution
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from autoscout_optuna._keys import ORPHANED
 from autoscout_optuna._storage import get_trials
 
 Kind = Literal["real", "estimate", "failed", "pending"]
@@ -93,7 +94,24 @@ def read_history(study: optuna.Study, exclude: FrozenTrial | None = None) -> lis
     """
     direction = study.direction
     skip = None if exclude is None else exclude.number
-    return [observation_of(t, direction) for t in get_trials(study) if t.number != skip]
+    return [
+        observation_of(t, direction)
+        for t in get_trials(study)
+        if t.number != skip and not t.system_attrs.get(ORPHANED)
+    ]
+
+
+def decision_number(study: optuna.Study, trial: FrozenTrial) -> int:
+    """The trial's index among non-orphaned trials: what seeds its random choices.
+
+    A trial whose worker died is failed and re-run as a new trial (``_recovery``). Counting it
+    would shift every later decision; skipping it makes the resumed study propose exactly what
+    the uninterrupted one would have.
+    """
+    orphans = sum(
+        1 for t in get_trials(study) if t.number < trial.number and t.system_attrs.get(ORPHANED)
+    )
+    return trial.number - orphans
 
 
 def _last_intermediate(trial: FrozenTrial) -> float | None:

@@ -10,6 +10,16 @@ REASON = "autoscout:reason"  # why, in words
 FIDELITY = "autoscout:fidelity"  # "simulator" or "real": what the trial's value is
 FAILURE_REASON = "failure_reason"  # timeout / oom / nan / crash / too_slow / no_metric / ...
 TRUE_VALUE = "true_value"  # benchmarks only: the noiseless reference value
+FIDELITY_REASON = "autoscout:fidelity_reason"  # why the pruner chose that fidelity
+SIM_ERROR = "autoscout:sim_error"  # simulator calibrated relative error at decision time
+SIM_ERROR_DETAIL = "autoscout:sim_error_detail"  # {n_pairs, discordance, kendall_tau, ...}
+ESTIMATE = "autoscout:estimate"  # the simulator (or ensemble) estimate reported at step 0
+SIMULATED = "autoscout:simulated"  # the raw analytic simulator output (ensemble input)
 
 # system attrs
 STRUCTURE = "autoscout:structure"  # {param: value} structure a dense refinement must keep
+WORKER = "autoscout:worker"  # {host, pid, start}: the process running the trial
+ORPHANED = "autoscout:orphaned"  # True: failed because its worker died; samplers skip it
+
+# user attrs (recovery)
+RETRY_OF = "autoscout:retry_of"  # number of the orphaned trial this one re-runs

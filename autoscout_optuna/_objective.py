@@ -41,6 +41,9 @@ def reference_objective(
 
     def objective(trial: optuna.Trial) -> float:
         config = definition.suggest(trial)
+        if definition.is_real and definition.measure_trial is not None:
+            return float(call_recording_failure(
+                trial, lambda: definition.measure_trial(trial, config)))
         if definition.is_real:
             return float(call_recording_failure(trial, lambda: definition.measure(config, None)))
         true_value = call_recording_failure(trial, lambda: definition.measure(config, None))

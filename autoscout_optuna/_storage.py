@@ -37,6 +37,16 @@ def get_fresh_trial(study: optuna.Study, trial: FrozenTrial) -> FrozenTrial:
     return study._storage.get_trial(trial._trial_id)
 
 
+def study_id(study: optuna.Study) -> int:
+    """The storage id of ``study`` (optuna-dashboard's artifact URLs are keyed by it)."""
+    return study._study_id
+
+
+def fail_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Move a RUNNING trial to FAIL (a trial whose worker died cannot finish it itself)."""
+    study._storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL)
+
+
 def study_directions(study: optuna.Study) -> Sequence[optuna.study.StudyDirection]:
     return study.directions
 
@@ -47,9 +57,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def _default(obj: Any) -> Any:
-    if hasattr(obj, "item"):  # numpy scalars
-        return obj.item()
-    if hasattr(obj, "tolist"):  # numpy arrays
+    if hasattr(obj, "tolist"):  # numpy arrays and scalars
         return obj.tolist()
     if isinstance(obj, (set, frozenset, tuple)):
         return list(obj)

@@ -38,6 +38,10 @@ class StudyDefinition:
         is_real: True when ``measure`` runs a real job (not a reference model): no noiseless
             value exists and benchmarks skip the study.
         description: One line for ``autoscout run --help`` and reports.
+        measure_trial: Optional real measurement that also gets the trial,
+            ``measure_trial(trial, config)``, so a runner can record logs, telemetry and failure
+            reasons on it. Objectives use it instead of ``measure`` when set; ``measure`` stays
+            the trial-less form (e.g. for the default config).
     """
 
     name: str
@@ -51,6 +55,7 @@ class StudyDefinition:
     is_real: bool = False
     description: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
+    measure_trial: Callable[[Any, Mapping[str, Any]], float] | None = None
 
     def __post_init__(self) -> None:
         if self.direction not in ("maximize", "minimize"):

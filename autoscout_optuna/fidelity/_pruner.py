@@ -1,6 +1,201 @@
-# PLACEHOLDER: replaced by the real implementation.
-from optuna.pruners import NopPruner
+"""FidelityPruner: trust the simulator where it has proven right, run for real where it matters."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+from optuna.pruners import BasePruner
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from autoscout_optuna import _keys, _validate
+from autoscout_optuna._storage import get_trials, set_user_attr
+from autoscout_optuna.fidelity._decision import (
+    SIMULATOR,
+    FidelityDecision,
+    FidelitySettings,
+    decide,
+)
+
+ESTIMATE_STEP = 0
 
 
-class FidelityPruner(NopPruner):
-    pass
+class FidelityPruner(BasePruner):
+    """Pruner for the multi-fidelity protocol: a pruned trial is one whose estimate was trusted.
+
+    The objective reports a simulator estimate at step 0 and calls ``trial.should_prune()``
+    (``autoscout_optuna.fidelity.multi_fidelity_objective`` writes that for you). The pruner
+    lets the real run through when
+
+    * fewer than ``n_warmup_real`` real runs with an estimate (and ``min_pairs``) exist,
+    * the simulator's recent error is above threshold (every trial runs for real until the
+      error, measured on the last ``window`` trials with both fidelities, recovers),
+    * the trial number is a multiple of ``validation_period`` (periodic validation),
+    * the estimate, calibrated and given the benefit of the doubt (``optimism`` times the
+      recent relative error), could beat the best real value so far (``could_beat_best``),
+    * optionally, the estimate ranks in the best ``top_fraction`` of all estimates so far,
+
+    and prunes otherwise. A trial with no step-0 report always runs for real. The decision, the
+    reason, the estimate and the error at that time are recorded as user attrs
+    (``autoscout:fidelity``, ``autoscout:fidelity_reason``, ``autoscout:estimate``,
+    ``autoscout:sim_error``, ``autoscout:sim_error_detail``). All state is read back from
+    storage on every call, so a resumed study or a second worker decides alike.
+
+    The error has two parts (see ``autoscout_optuna.fidelity.measure_error``): the calibrated
+    relative error (a constant factor between simulator and reality is harmless to a search and
+    is calibrated away) and the rank discordance (fraction of wrongly ordered pairs among pairs
+    whose real values differ by more than ``rank_tolerance``). ``autoscout:sim_error`` records
+    the former.
+
+    Example:
+
+        .. testcode::
+
+            import optuna
+            from autoscout_optuna import FidelityPruner
+            from autoscout_optuna.fidelity import multi_fidelity_objective
+
+            objective = multi_fidelity_objective(
+                suggest=lambda trial: {"x": trial.suggest_float("x", -3, 3)},
+                estimate=lambda cfg: (cfg["x"] - 1) ** 2 + 0.1,
+                measure=lambda cfg: (cfg["x"] - 1) ** 2,
+            )
+            study = optuna.create_study(pruner=FidelityPruner())
+            study.optimize(objective, n_trials=30)
+            assert study.best_trial.user_attrs["autoscout:fidelity"] == "real"
+
+    Args:
+        error_threshold: Calibrated relative error above which every trial runs for real.
+        rank_error_threshold: Rank discordance above which every trial runs for real, in
+            (0, 1]; None switches on the relative error alone.
+        rank_tolerance: Real values closer than this fraction count as ties in the rank error.
+        optimism: How many recent relative errors an estimate may be short of the best real
+            value and still run for real. 0 runs only estimates that beat it outright.
+        top_fraction: Also run estimates in this best fraction of all estimates so far; None
+            (default) relies on ``could_beat_best`` alone.
+        validation_period: Every trial whose number is a multiple of it runs for real; None
+            disables periodic validation.
+        n_warmup_real: Real runs (with an estimate) before any estimate is trusted.
+        window: How many of the most recent estimate/real pairs the error is measured on.
+        min_pairs: Pairs needed before the error is trusted at all.
+    """
+
+    def __init__(
+        self,
+        *,
+        error_threshold: float = 0.3,
+        rank_error_threshold: float | None = 0.35,
+        rank_tolerance: float = 0.05,
+        top_fraction: float | None = None,
+        optimism: float = 1.0,
+        validation_period: int | None = 10,
+        n_warmup_real: int = 5,
+        window: int = 20,
+        min_pairs: int = 5,
+    ) -> None:
+        _validate.reals(error_threshold=error_threshold, rank_tolerance=rank_tolerance,
+                        optimism=optimism)
+        _validate.optional_reals(rank_error_threshold=rank_error_threshold,
+                                 top_fraction=top_fraction)
+        _validate.integers(n_warmup_real=n_warmup_real, window=window, min_pairs=min_pairs)
+        _validate.optional_integers(validation_period=validation_period)
+        if not error_threshold > 0:
+            raise ValueError(f"error_threshold must be > 0, got {error_threshold}")
+        if rank_error_threshold is not None and not 0.0 < rank_error_threshold <= 1.0:
+            raise ValueError(
+                f"rank_error_threshold must be in (0, 1] or None, got {rank_error_threshold}"
+            )
+        if not 0.0 <= rank_tolerance < 1.0:
+            raise ValueError(f"rank_tolerance must be in [0, 1), got {rank_tolerance}")
+        if top_fraction is not None and not 0.0 < top_fraction <= 1.0:
+            raise ValueError(f"top_fraction must be in (0, 1] or None, got {top_fraction}")
+        if not optimism >= 0:
+            raise ValueError(f"optimism must be >= 0, got {optimism}")
+        if validation_period is not None and (
+            isinstance(validation_period, bool) or int(validation_period) != validation_period
+            or validation_period < 1
+        ):
+            raise ValueError(
+                f"validation_period must be an int >= 1 or None, got {validation_period}"
+            )
+        if int(n_warmup_real) != n_warmup_real or n_warmup_real < 0:
+            raise ValueError(f"n_warmup_real must be an int >= 0, got {n_warmup_real}")
+        if int(window) != window or window < 2:
+            raise ValueError(f"window must be an int >= 2, got {window}")
+        if int(min_pairs) != min_pairs or not 2 <= min_pairs <= window:
+            raise ValueError(f"min_pairs must be an int in [2, window], got {min_pairs}")
+        self._settings = FidelitySettings(
+            error_threshold=float(error_threshold),
+            rank_error_threshold=(
+                None if rank_error_threshold is None else float(rank_error_threshold)
+            ),
+            rank_tolerance=float(rank_tolerance),
+            top_fraction=None if top_fraction is None else float(top_fraction),
+            optimism=float(optimism),
+            validation_period=None if validation_period is None else int(validation_period),
+            n_warmup_real=int(n_warmup_real),
+            window=int(window),
+            min_pairs=int(min_pairs),
+        )
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        if len(study.directions) > 1:
+            raise ValueError("FidelityPruner supports single-objective studies only")
+        recorded = trial.user_attrs.get(_keys.FIDELITY)
+        if recorded in ("simulator", "real") and _keys.FIDELITY_REASON in trial.user_attrs:
+            # Asked twice in one trial: keep the first answer (Optuna's should_prune contract).
+            return recorded == SIMULATOR
+        decision = self.decide(study, trial)
+        self._record(study, trial, decision)
+        return decision.fidelity == SIMULATOR
+
+    def decide(self, study: optuna.Study, trial: FrozenTrial) -> FidelityDecision:
+        """The decision ``prune`` would take for ``trial``, without recording it."""
+        maximize = study.direction == StudyDirection.MAXIMIZE
+        pool, pair_estimates, pair_reals, reals = [], [], [], []
+        for other in get_trials(study):
+            if other.number == trial.number:
+                continue
+            other_estimate = _estimate_of(other)
+            real = _real_of(other)
+            if real is not None:
+                reals.append(real)
+            if other_estimate is None:
+                continue
+            pool.append(other_estimate)
+            if real is not None:
+                pair_estimates.append(other_estimate)
+                pair_reals.append(real)
+        best_real = (max(reals) if maximize else min(reals)) if reals else None
+        return decide(
+            trial_number=trial.number,
+            estimate=_estimate_of(trial),
+            maximize=maximize,
+            pool_estimates=pool,
+            pair_estimates=pair_estimates,
+            pair_reals=pair_reals,
+            best_real=best_real,
+            settings=self._settings,
+        )
+
+    def _record(self, study: optuna.Study, trial: FrozenTrial, decision: FidelityDecision) -> None:
+        error = decision.error
+        set_user_attr(study, trial, _keys.FIDELITY, decision.fidelity)
+        set_user_attr(study, trial, _keys.FIDELITY_REASON, decision.reason)
+        set_user_attr(study, trial, _keys.ESTIMATE, _estimate_of(trial))
+        set_user_attr(study, trial, _keys.SIM_ERROR, error.relative_error)
+        set_user_attr(study, trial, _keys.SIM_ERROR_DETAIL, error.as_dict())
+
+
+def _estimate_of(trial: FrozenTrial) -> float | None:
+    value = trial.intermediate_values.get(ESTIMATE_STEP)
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _real_of(trial: FrozenTrial) -> float | None:
+    if trial.state != TrialState.COMPLETE or trial.value is None or not math.isfinite(trial.value):
+        return None
+    return float(trial.value)

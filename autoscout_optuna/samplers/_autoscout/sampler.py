@@ -1,7 +1,307 @@
-# PLACEHOLDER: replaced by the real implementation.
-from optuna.samplers import RandomSampler
+"""AutoScoutSampler: a bandit between exploring structure (MCTS) and refining dense knobs (CD)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.trial import FrozenTrial, TrialState
+
+from autoscout_optuna import _keys, _validate
+from autoscout_optuna._rng import resolve_seed, trial_rng
+from autoscout_optuna._storage import set_system_attr, set_user_attr
+from autoscout_optuna.samplers._autoscout import plan as planning
+from autoscout_optuna.samplers._autoscout.bandit import alternate, choose_arm
+from autoscout_optuna.samplers._autoscout.reader import HistoryReader
+from autoscout_optuna.samplers._autoscout.transplant import PLAN_KEY, PlanCache, TransplantSampler
+
+STARTUP, EXPLORE, NEIGHBOUR, REFINE = "startup", "explore", "neighbour", "refine"
+STATS_KEY = "autoscout:bandit"
+DONOR_KEY = "autoscout:donor"
+CONDITIONS_KEY = "autoscout:conditions"
+TARGET_KEY = "autoscout:refine_target"
+MOVE_KEY = "autoscout:move"
 
 
-class AutoScoutSampler(RandomSampler):
-    def __init__(self, *, seed=None, **kwargs):
-        super().__init__(seed=seed)
+class AutoScoutSampler(BaseSampler):
+    """Explore structure with MCTS, refine dense knobs with coordinate descent, and let a bandit
+    credited by difference-in-differences decide which one proposes each trial.
+
+    Each trial starts (``before_trial``) by reading the whole history from storage:
+
+    1. **Start-up** (the first ``n_startup_trials``): every structural param takes its
+       least-tried value; dense knobs are shared (the centre, then the incumbent's) while
+       structural values are met for the first time, so structures are compared fairly, then
+       random. The dependency tree seen so far is recorded (user attr
+       ``autoscout:conditions``).
+    2. **Bandit** over the arms that have something to decide: ``explore``
+       (:class:`~autoscout_optuna.MCTSSampler`; its dense knobs get the incumbent's values, so
+       a new structure starts from the best dense setting known) and ``refine``
+       (:class:`~autoscout_optuna.CoordinateDescentSampler` on one structure, handed over in
+       system attr ``autoscout:structure``); optionally ``neighbour`` (the incumbent's
+       structure with one structural param changed). Each finished trial rewards its arm by
+       difference-in-differences (:mod:`~autoscout_optuna.samplers._autoscout.did`)::
+
+           did(t) = (y_t - y*) - (y_c - y*) = y_t - y_c
+           r_t    = tanh(max(did(t) - noise, 0) / (0.1 * s))
+
+       with ``y*`` the incumbent, ``s`` the spread of scores, ``noise`` the measurement noise
+       seen on repeated configs, and the control ``y_c`` the incumbent structure at a
+       comparable stage of dense tuning: its *first* evaluation for a new structure (stage 0
+       against stage 0), the structure's own best for a refinement step. FAIL scores -0.02 (MCTS
+       itself steers away from failing subtrees; a larger penalty starved exploration);
+       PRUNED trials (step-0 estimates) count with weight ``estimate_weight``; RUNNING
+       trials count as pulls at the arm's mean. Discounted Thompson sampling with a floor
+       picks the arm (:mod:`~autoscout_optuna.samplers._autoscout.bandit`).
+    3. **Refine target**: the structure with the best potential ``best(s) + max(0, gain(s*)
+       - gain(s) - 2 noise)`` (``gain`` = best minus first score of a structure, ``s*`` the
+       incumbent structure): a structure that beat the incumbent at a comparable stage gets
+       dense tuning too, instead of being judged against a tuned incumbent.
+
+    Every hook and ``reseed_rng`` is forwarded to the chosen sub-sampler; the arm is read back
+    from the trial's attrs, so any worker can run any hook. Decisions are recorded as user
+    attrs ``autoscout:arm``, ``autoscout:reason``, ``autoscout:bandit``, ``autoscout:donor``,
+    ``autoscout:refine_target`` and ``autoscout:move`` (see
+    :func:`autoscout_optuna.decisions_table`). No state lives outside storage: all of it is
+    rebuilt from the trials, and randomness comes from (seed, trial number).
+
+    Example:
+
+        .. testcode::
+
+            import optuna
+            from autoscout_optuna import AutoScoutSampler
+
+            def objective(trial):
+                layout = trial.suggest_categorical("layout", ["a", "b"])
+                x = trial.suggest_float("x", -5, 5)
+                return (x - 1) ** 2 + (0 if layout == "b" else 3)
+
+            study = optuna.create_study(sampler=AutoScoutSampler(seed=0))
+            study.optimize(objective, n_trials=30)
+
+    Args:
+        seed: Seed of every random choice (None: random).
+        n_startup_trials: Trials of start-up coverage before the bandit decides.
+        policy: ``"thompson"`` (the bandit) or ``"alternate"`` (ablation: fixed alternation).
+        reward: ``"did"`` (difference-in-differences) or ``"naive"`` (ablation: difference to
+            the incumbent).
+        dense_optimizer: False for the ablation without the ``refine`` arm (dense knobs then
+            keep the incumbent's values, i.e. the centre of their domains).
+        feature_prioritization: False for the ablation without MCTS's tournament over level
+            orders (needs an :class:`~autoscout_optuna.MCTSSampler` with that option).
+        estimate_weight: Weight of a PRUNED trial's step-0 estimate relative to a real value.
+        floor: Minimum share of the last 20 trials each arm gets.
+        discount: Per-trial discount of old rewards.
+        neighbour_arm: Add the ``neighbour`` arm (one structural change of the incumbent).
+        explore_sampler: Replaces the MCTS arm (its dense knobs are its own business then).
+        refine_sampler: Replaces the coordinate-descent arm.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int | None = None,
+        n_startup_trials: int = 8,
+        policy: str = "thompson",
+        reward: str = "did",
+        dense_optimizer: bool = True,
+        feature_prioritization: bool = True,
+        estimate_weight: float = 0.5,
+        floor: float = 0.1,
+        discount: float = 0.95,
+        neighbour_arm: bool = False,
+        explore_sampler: BaseSampler | None = None,
+        refine_sampler: BaseSampler | None = None,
+    ) -> None:
+        _validate.reals(estimate_weight=estimate_weight, floor=floor, discount=discount)
+        _validate.booleans(dense_optimizer=dense_optimizer, neighbour_arm=neighbour_arm,
+                           feature_prioritization=feature_prioritization)
+        _validate.optional_samplers(explore_sampler=explore_sampler,
+                                    refine_sampler=refine_sampler)
+        if isinstance(n_startup_trials, bool) or not isinstance(n_startup_trials, int):
+            raise TypeError("n_startup_trials must be an int")
+        if n_startup_trials < 0:
+            raise ValueError(f"n_startup_trials must be >= 0, got {n_startup_trials}")
+        if policy not in ("thompson", "alternate"):
+            raise ValueError(f"policy must be 'thompson' or 'alternate', got {policy!r}")
+        if reward not in ("did", "naive"):
+            raise ValueError(f"reward must be 'did' or 'naive', got {reward!r}")
+        if not 0.0 <= estimate_weight <= 1.0:
+            raise ValueError(f"estimate_weight must be in [0, 1], got {estimate_weight}")
+        if not 0.0 <= floor <= 0.5:
+            raise ValueError(f"floor must be in [0, 0.5], got {floor}")
+        if not 0.0 < discount <= 1.0:
+            raise ValueError(f"discount must be in (0, 1], got {discount}")
+        self._seed = resolve_seed(seed)
+        self._n_startup = n_startup_trials
+        self._policy = policy
+        self._reward = reward
+        self._dense_optimizer = dense_optimizer
+        self._neighbour_arm = neighbour_arm
+        self._estimate_weight = estimate_weight
+        self._floor = floor
+        self._discount = discount
+        self._cache = PlanCache()
+        self._reader = HistoryReader()
+        self._startup = TransplantSampler(seed=self._derive("startup"), cache=self._cache)
+        # Both sub-samplers hand the knobs they do not decide to a TransplantSampler, which
+        # plays this trial's plan (the incumbent's dense values: see transplant.py).
+        mcts_fallback = TransplantSampler(seed=self._derive("mcts-dense"), cache=self._cache)
+        cd_fallback = TransplantSampler(seed=self._derive("cd-rest"), cache=self._cache)
+        self._explore = explore_sampler or _build_mcts(
+            self._derive("mcts"), mcts_fallback, feature_prioritization
+        )
+        self._refine = refine_sampler or _build_coordinate(self._derive("coordinate"), cd_fallback)
+
+    def _derive(self, purpose: str) -> int:
+        return int(trial_rng(self._seed, 0, purpose).integers(2**31))
+
+    def _arm_sampler(self, arm: str) -> BaseSampler:
+        return {EXPLORE: self._explore, REFINE: self._refine}.get(arm, self._startup)
+
+    def reseed_rng(self) -> None:
+        self._seed = resolve_seed(None)
+        for sampler in (self._startup, self._explore, self._refine):
+            sampler.reseed_rng()
+
+    # -- the decision -------------------------------------------------------------------------
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if len(study.directions) > 1:
+            return  # the sample hooks raise the ValueError users see
+        history, digest = self._reader.read(study, exclude=trial)
+        space = planning.observed_space(history, digest)
+        incumbent = digest.incumbent()
+        moves: list[tuple[str, Any]] = []
+        if self._neighbour_arm and incumbent is not None and len(history) >= self._n_startup:
+            moves = planning.untried_neighbours(history, space, incumbent)
+        arm, reason, extra = self._decide(history, digest, space, trial.number, bool(moves))
+        move = None
+        if arm == NEIGHBOUR:
+            # The best-ranked move, with a random one now and then so ranking errors heal.
+            rng = trial_rng(self._seed, trial.number, "neighbour")
+            ranked = planning.rank_moves(history, moves)
+            move = ranked[0] if rng.random() < 0.8 else ranked[int(rng.integers(len(ranked)))]
+            set_user_attr(study, trial, MOVE_KEY, list(move))
+        rng = trial_rng(self._seed, trial.number, "startup-coverage")
+        plan = planning.make_plan(
+            history, digest, space, incumbent, startup=arm == STARTUP, rng=rng, move=move
+        )
+        set_user_attr(study, trial, _keys.ARM, arm)
+        set_user_attr(study, trial, _keys.REASON, reason)
+        if extra:
+            set_user_attr(study, trial, STATS_KEY, extra)
+        if incumbent is not None and arm != REFINE:
+            set_user_attr(study, trial, DONOR_KEY, incumbent.number)
+        if arm == REFINE and incumbent is not None:
+            structure, why = planning.refine_target(digest, space, estimator=self._reward)
+            set_system_attr(study, trial, _keys.STRUCTURE, structure)
+            set_user_attr(study, trial, TARGET_KEY, why)
+        if trial.number == self._n_startup and history:
+            conditions = planning.conditions(history, space)
+            set_user_attr(study, trial, CONDITIONS_KEY, conditions)
+        set_system_attr(study, trial, PLAN_KEY, plan)
+        self._cache.store(trial, PLAN_KEY, plan)
+        self._cache.store(trial, _keys.ARM, arm)
+        self._arm_sampler(arm).before_trial(study, trial)
+
+    def _decide(
+        self, history: Sequence[Any], digest: Any, space: planning.ObservedSpace,
+        number: int, has_neighbours: bool,
+    ) -> tuple[str, str, dict[str, Any]]:
+        started = len(history)
+        if started < self._n_startup:
+            return STARTUP, f"start-up coverage {started + 1}/{self._n_startup}", {}
+        if digest.incumbent() is None:
+            return STARTUP, "no feasible trial yet: keep covering the structure space", {}
+        available = (
+            (EXPLORE, bool(space.structural)),
+            (NEIGHBOUR, has_neighbours),
+            (REFINE, bool(space.dense) and self._dense_optimizer),
+        )
+        arms = [a for a, ok in available if ok]
+        if not arms:
+            return EXPLORE, "no params seen yet", {}
+        if len(arms) == 1:
+            return arms[0], f"only arm with params to decide: {arms[0]}", {}
+        if self._policy == "alternate":
+            arm, reason = alternate(arms, started - self._n_startup)
+            return arm, reason, {}
+        pulls, pending, recent = planning.bandit_evidence(
+            history, digest, reward=self._reward, estimate_weight=self._estimate_weight
+        )
+        rng = trial_rng(self._seed, number, "bandit")
+        arm, reason, stats = choose_arm(
+            arms, pulls, rng, pending=pending, recent=recent, floor=self._floor,
+            discount=self._discount,
+        )
+        return arm, reason, {a: s.as_dict() for a, s in stats.items()}
+
+    # -- forwarding ---------------------------------------------------------------------------
+
+    def _chosen(self, study: optuna.Study, trial: FrozenTrial) -> BaseSampler:
+        if len(study.directions) > 1:
+            raise ValueError(f"{type(self).__name__} supports single-objective studies only")
+        arm = self._cache.lookup(study, trial, _keys.ARM)
+        return self._arm_sampler(arm or STARTUP)
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return self._chosen(study, trial).infer_relative_search_space(study, trial)
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return self._chosen(study, trial).sample_relative(study, trial, search_space)
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        sampler = self._chosen(study, trial)
+        return sampler.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        if len(study.directions) == 1:
+            self._chosen(study, trial).after_trial(study, trial, state, values)
+        self._cache.forget(trial)
+
+
+def _build_mcts(seed: int, fallback: BaseSampler, feature_prioritization: bool) -> BaseSampler:
+    from autoscout_optuna.samplers._mcts.sampler import MCTSSampler
+
+    options: dict[str, Any] = {"seed": seed, "fallback": fallback}
+    if _accepts(MCTSSampler, "feature_prioritization"):
+        options["feature_prioritization"] = feature_prioritization
+    elif not feature_prioritization:
+        raise ValueError(
+            "feature_prioritization=False needs an MCTSSampler with a feature_prioritization "
+            "option; this one has none"
+        )
+    return MCTSSampler(**options)
+
+
+def _build_coordinate(seed: int, fallback: BaseSampler) -> BaseSampler:
+    from autoscout_optuna.samplers._coordinate.sampler import CoordinateDescentSampler
+
+    return CoordinateDescentSampler(seed=seed, fallback=fallback)
+
+
+def _accepts(cls: type, name: str) -> bool:
+    parameters = inspect.signature(cls.__init__).parameters
+    return name in parameters

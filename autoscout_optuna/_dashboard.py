@@ -1,0 +1,352 @@
+"""What optuna-dashboard shows about a study: a note that explains the search, and its plots.
+
+Per trial, the samplers and the pruner already write their decisions as user attrs (arm, reason,
+fidelity, ...), which the dashboard lists. Per study, :func:`publish` keeps a markdown note current
+(best config, how the budget was split between arms, how wrong the simulator has been, how many
+real runs it saved) and uploads PNG plots as study artifacts linked from the note. Plots are
+re-written in place under the same artifact ids on every update, so a resumed or repeated run
+never piles up stale copies.
+
+Everything here is derived from the trials in storage, so any worker (or ``autoscout show``) can
+refresh it. matplotlib and optuna_dashboard are imported lazily: ``import autoscout_optuna`` stays
+light.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import statistics
+import tempfile
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autoscout_optuna import _storage
+from autoscout_optuna._keys import ARM, SIM_ERROR, TRUE_VALUE
+from autoscout_optuna._progress import format_value
+
+ORDER_KEY = "mcts:order"  # the feature priority order MCTSSampler used for a trial
+ARTIFACT_IDS_KEY = "autoscout:dashboard_artifacts"  # study user attr: plot file -> artifact id
+METRIC_KEY = "autoscout:metric"  # study user attr written by the CLI: unit of the value
+DEFAULT_VALUE_KEY = "autoscout:default_value"  # study user attr: the default config's value
+NO_ARM = "(none)"
+
+
+@dataclass(frozen=True)
+class SearchSummary:
+    """A study's search in numbers, as the note and ``autoscout show`` present it."""
+
+    study_name: str
+    direction: str
+    n_trials: int
+    real: int  # COMPLETE: measured for real
+    simulated: int  # PRUNED with an estimate: the simulator's word was taken, a real run saved
+    failed: int
+    best_number: int | None
+    best_value: float | None
+    best_true_value: float | None  # reference studies: the best trial's noiseless value
+    best_params: Mapping[str, Any]
+    metric: str
+    default_value: float | None
+    arms: Mapping[str, Mapping[str, Any]]  # arm -> {trials, real, simulated, failed, best}
+    simulator_errors: list[tuple[int, float]] = field(default_factory=list)  # (trial, rel. err)
+
+    @property
+    def gain_over_default(self) -> float | None:
+        """How many times better the best real value is than the default's (>1 is better)."""
+        # The default is measured noiselessly where the study can: compare like with like.
+        best = self.best_true_value if self.best_true_value is not None else self.best_value
+        default = self.default_value
+        if best is None or default is None:
+            return None
+        if self.direction == "maximize":
+            return best / default if default > 0 else None
+        return default / best if best > 0 else None
+
+
+def summarize(study: optuna.Study) -> SearchSummary:
+    """Count, rank and pair up the trials of a single-objective ``study``."""
+    trials = _fresh_trials(study)
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    complete = [t for t in trials if _real_value(t) is not None]
+    best = (max if maximize else min)(complete, key=_real_value) if complete else None
+    arms: dict[str, dict[str, Any]] = {}
+    for trial in trials:
+        if not trial.state.is_finished():
+            continue
+        row = arms.setdefault(
+            str(trial.user_attrs.get(ARM, NO_ARM)),
+            {"trials": 0, "real": 0, "simulated": 0, "failed": 0, "best": None},
+        )
+        row["trials"] += 1
+        kind = _kind(trial)
+        row[kind] += 1
+        value = _real_value(trial)
+        if value is not None and (
+            row["best"] is None or (value > row["best"] if maximize else value < row["best"])
+        ):
+            row["best"] = value
+    user_attrs = study.user_attrs
+    counts = Counter(_kind(t) for t in trials if t.state.is_finished())
+    return SearchSummary(
+        study_name=study.study_name,
+        direction="maximize" if maximize else "minimize",
+        n_trials=sum(counts.values()),
+        real=counts["real"],
+        simulated=counts["simulated"],
+        failed=counts["failed"],
+        best_number=None if best is None else best.number,
+        best_value=None if best is None else _real_value(best),
+        best_true_value=None if best is None else _number(best.user_attrs.get(TRUE_VALUE)),
+        best_params={} if best is None else dict(best.params),
+        metric=str(user_attrs.get(METRIC_KEY, "")),
+        default_value=_number(user_attrs.get(DEFAULT_VALUE_KEY)),
+        arms=arms,
+        simulator_errors=_simulator_errors(trials),
+    )
+
+
+def note_markdown(summary: SearchSummary, plot_links: Mapping[str, str] | None = None) -> str:
+    """The study note: what was found, and why the search went where it did."""
+    unit = f" {summary.metric}" if summary.metric else ""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"## AutoScout: {summary.study_name}",
+        "",
+        f"_Updated {now}. {summary.n_trials} finished trials: {summary.real} real runs, "
+        f"{summary.simulated} simulated (real runs saved by simulators), "
+        f"{summary.failed} failed; {summary.direction}._",
+        "",
+        "### Best configuration",
+    ]
+    if summary.best_value is None:
+        lines += ["", "No real run has completed yet."]
+    else:
+        best = f"**{format_value(summary.best_value)}{unit}** (trial #{summary.best_number}" + (
+            "" if summary.best_true_value is None
+            else f", noiseless {format_value(summary.best_true_value)}") + ")"
+        if summary.default_value is not None:
+            gain = summary.gain_over_default
+            best += f"; default config {format_value(summary.default_value)}{unit}, gain " + (
+                "n/a" if gain is None else f"**{gain:.2f}x**")
+        lines += ["", best]
+        lines += ["", "| knob | value |", "|---|---|"]
+        lines += [f"| {k} | {format_knob(v)} |" for k, v in sorted(summary.best_params.items())]
+    lines += ["", "### Arm allocation", "",
+              "Which sub-optimizer proposed each trial (user attr `autoscout:arm`).", "",
+              "| arm | trials | real | simulated | failed | best real |", "|" + "---|" * 6]
+    for arm, row in sorted(summary.arms.items(), key=lambda item: -item[1]["trials"]):
+        best = "-" if row["best"] is None else format_value(row["best"])
+        lines.append(f"| {arm} | {row['trials']} | {row['real']} | {row['simulated']} | "
+                     f"{row['failed']} | {best} |")
+    lines += ["", "### Simulator", ""]
+    errors = [e for _, e in summary.simulator_errors]
+    if errors:
+        recent = errors[-10:]
+        lines.append(f"Median relative error of the step-0 estimate against the real value: "
+                     f"{statistics.median(errors):.1%} over {len(errors)} trials with both, "
+                     f"{statistics.median(recent):.1%} over the last {len(recent)}.")
+    else:
+        lines.append("No trial has both a simulator estimate and a real value yet.")
+    if summary.n_trials:
+        lines.append("")  # a paragraph of its own: markdown joins adjacent lines
+        lines.append(f"Trials saved by simulators: {summary.simulated} of {summary.n_trials} "
+                     f"({summary.simulated / summary.n_trials:.0%}).")
+    if plot_links:
+        lines += ["", "### Plots", ""]
+        for title, url in plot_links.items():
+            lines += [f"**{title}**", "", f"![{title}]({url})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_plots(study: optuna.Study, out_dir: str | Path) -> dict[str, Path]:
+    """Write the PNG plots that have data to ``out_dir``; returns title -> file."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed: CI, servers, workers
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trials = [t for t in _fresh_trials(study) if t.state.is_finished()]
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    plots = {
+        "Best so far by arm": ("best_so_far_by_arm.png", _plot_best_by_arm),
+        "Simulator error over time": ("simulator_error.png", _plot_simulator_error),
+        "Feature priority order over time": ("feature_order.png", _plot_feature_order),
+    }
+    written: dict[str, Path] = {}
+    for title, (filename, draw) in plots.items():
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+        try:
+            if not draw(ax, trials, maximize):
+                continue  # nothing to show yet: no empty plot in the note
+            ax.set_title(title)
+            fig.tight_layout()
+            fig.savefig(out_dir / filename)
+            written[title] = out_dir / filename
+        finally:
+            plt.close(fig)
+    return written
+
+
+def publish(study: optuna.Study, *, artifact_dir: str | Path) -> str:
+    """Refresh the study's note and plot artifacts; returns the note text.
+
+    Args:
+        study: A single-objective study.
+        artifact_dir: Folder of the ``FileSystemArtifactStore`` that ``autoscout dashboard``
+            serves (same folder for every worker of the study).
+    """
+    from optuna.artifacts import FileSystemArtifactStore, get_all_artifact_meta, upload_artifact
+    from optuna_dashboard import save_note
+
+    artifact_dir = Path(artifact_dir)
+    artifact_dir.mkdir(parents=True, exist_ok=True)
+    store = FileSystemArtifactStore(artifact_dir)
+    known = {meta.artifact_id for meta in get_all_artifact_meta(study)}
+    ids = dict(study.user_attrs.get(ARTIFACT_IDS_KEY, {}))
+    links: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="autoscout-plots-") as plots_dir:
+        for title, path in render_plots(study, plots_dir).items():
+            artifact_id = ids.get(path.name)
+            if artifact_id in known:
+                with open(path, "rb") as f:  # same id, new content: the note's link stays valid
+                    store.write(artifact_id, f)
+            else:
+                artifact_id = upload_artifact(
+                    artifact_store=store, file_path=str(path), study_or_trial=study
+                )
+                ids[path.name] = artifact_id
+            links[title] = f"/artifacts/{_storage.study_id(study)}/{artifact_id}"
+    study.set_user_attr(ARTIFACT_IDS_KEY, ids)
+    text = note_markdown(summarize(study), links)
+    save_note(study, text)
+    return text
+
+
+def serve(storage: Any, *, host: str, port: int, artifact_dir: str | Path) -> None:
+    """Run optuna-dashboard on ``host:port`` with the artifact store; blocks until stopped."""
+    import optuna_dashboard
+    from optuna.artifacts import FileSystemArtifactStore
+
+    Path(artifact_dir).mkdir(parents=True, exist_ok=True)
+    optuna_dashboard.run_server(
+        storage, host=host, port=port, artifact_store=FileSystemArtifactStore(artifact_dir)
+    )
+
+
+def _plot_best_by_arm(ax: Any, trials: list[FrozenTrial], maximize: bool) -> bool:
+    better = max if maximize else min
+    by_arm: dict[str, list[FrozenTrial]] = {}
+    for trial in trials:
+        by_arm.setdefault(str(trial.user_attrs.get(ARM, NO_ARM)), []).append(trial)
+    drew = False
+    for arm, arm_trials in sorted(by_arm.items()):
+        real = [(t.number, _real_value(t)) for t in arm_trials if _real_value(t) is not None]
+        estimates = [(t.number, t.intermediate_values[max(t.intermediate_values)])
+                     for t in arm_trials if _kind(t) == "simulated"]
+        if not real and not estimates:
+            continue
+        drew = True
+        color = ax.plot([], [])[0].get_color()  # next colour of the cycle, one per arm
+        if real:
+            xs, ys = zip(*real, strict=True)
+            best = [better(ys[: i + 1]) for i in range(len(ys))]
+            ax.step(xs, best, where="post", color=color, label=f"{arm}: best so far")
+            ax.scatter(xs, ys, color=color, s=14)
+        if estimates:
+            xs, ys = zip(*estimates, strict=True)
+            ax.scatter(xs, ys, color=color, marker="x", s=14, label=f"{arm}: simulated")
+    if drew:
+        ax.set_xlabel("trial")
+        ax.set_ylabel("value (dots real, crosses simulator estimates)")
+        ax.legend(fontsize="small")
+    return drew
+
+
+def _plot_simulator_error(ax: Any, trials: list[FrozenTrial], maximize: bool) -> bool:
+    errors = _simulator_errors(trials)
+    if not errors:
+        return False
+    xs, ys = zip(*errors, strict=True)
+    ax.scatter(xs, [100 * y for y in ys], s=14, label="|estimate - real| / |real|")
+    window = 5
+    medians = [100 * statistics.median(ys[max(0, i - window + 1): i + 1]) for i in range(len(ys))]
+    ax.plot(xs, medians, color="black", label=f"running median ({window})")
+    # The pruner's own yardstick, recorded per trial: the fraction of mis-ordered pairs.
+    rank = [(t.number, 100 * t.user_attrs[SIM_ERROR]) for t in trials
+            if isinstance(t.user_attrs.get(SIM_ERROR), (int, float))]
+    if rank:
+        ax.step(*zip(*rank, strict=True), where="post", color="tab:red",
+                label="pruner's rank error (discordant pairs)")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("error (%)")
+    ax.legend(fontsize="small")
+    return True
+
+
+def _plot_feature_order(ax: Any, trials: list[FrozenTrial], maximize: bool) -> bool:
+    orders = [(t.number, t.user_attrs[ORDER_KEY]) for t in trials
+              if isinstance(t.user_attrs.get(ORDER_KEY), list) and t.user_attrs[ORDER_KEY]]
+    if not orders:
+        return False
+    features = list(dict.fromkeys(name for _, order in orders for name in order))
+    for name in features:
+        points = [(n, order.index(name) + 1) for n, order in orders if name in order]
+        ax.step(*zip(*points, strict=True), where="post", label=str(name))
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.invert_yaxis()  # rank 1 (decided first) at the top
+    ax.set_xlabel("trial")
+    ax.set_ylabel("tree level (1 = decided first)")
+    ax.legend(fontsize="small", ncol=2)
+    return True
+
+
+def format_knob(value: Any) -> str:
+    """A knob value for people: floats to 6 significant digits, the rest as is."""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _fresh_trials(study: optuna.Study) -> list[FrozenTrial]:
+    # Not the samplers' cached view: outside a trial it can lag behind (e.g. the last trial of
+    # an optimize() call), and a summary must count every trial in storage.
+    return study.get_trials(deepcopy=False)
+
+
+def _kind(trial: FrozenTrial) -> str:
+    if _real_value(trial) is not None:
+        return "real"
+    if trial.state == TrialState.PRUNED and trial.intermediate_values:
+        return "simulated"
+    return "failed"
+
+
+def _real_value(trial: FrozenTrial) -> float | None:
+    if trial.state != TrialState.COMPLETE or trial.value is None or not math.isfinite(trial.value):
+        return None
+    return float(trial.value)
+
+
+def _simulator_errors(trials: list[FrozenTrial]) -> list[tuple[int, float]]:
+    """(trial number, |estimate - real| / |real|) for trials with a step-0 estimate and a value."""
+    errors = []
+    for trial in trials:
+        real = _real_value(trial)
+        estimate = trial.intermediate_values.get(0)
+        if real is None or estimate is None or not math.isfinite(estimate) or real == 0:
+            continue
+        errors.append((trial.number, abs(estimate - real) / abs(real)))
+    return errors

@@ -1,0 +1,278 @@
+"""Enumerate a define-by-run space and find its optimum (benchmarks store it once).
+
+A define-by-run ``suggest`` function has no declared space: we replay it depth-first with a fake
+trial that answers each ``suggest_*`` call from a path of choice indices, like an odometer.
+Structural knobs (``_space.is_structural``) take every value; dense knobs take ``dense_points``
+grid values (log-spaced for log knobs). A suggest that raises ``Infeasible`` part-way prunes
+the whole subtree below the choices made so far.
+
+``python -m autoscout_optuna._enumerate llm_training preset=70b-512 --store`` prints the optimum
+and stores it in ``studies/_optima.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from autoscout_optuna._failure import Infeasible
+from autoscout_optuna._space import discrete_values, from_unit, is_structural
+from autoscout_optuna._study_definition import StudyDefinition
+
+Config = dict[str, Any]
+
+
+def _grid(dist: BaseDistribution, points: int) -> list[Any]:
+    if is_structural(dist):
+        return discrete_values(dist)
+    values: list[Any] = []
+    for u in np.linspace(0.0, 1.0, max(points, 1)) if points > 1 else [0.5]:
+        value = from_unit(dist, float(u))
+        if value not in values:
+            values.append(value)
+    return values
+
+
+class _ReplayTrial:
+    """Answers suggest calls from a path of indices (or from forced values), recording domains.
+
+    Args:
+        path: Index of the value to take at each successive suggest call (0 past its end).
+        dense_points: Grid size for dense knobs.
+        forced: Values to take for named params instead of the path (refinement).
+    """
+
+    def __init__(
+        self, path: list[int], dense_points: int, forced: Mapping[str, Any] | None = None
+    ) -> None:
+        self.path = path
+        self.dense_points = dense_points
+        self.forced = forced or {}
+        self.sizes: list[int] = []
+        self.params: dict[str, Any] = {}
+        self.distributions: dict[str, BaseDistribution] = {}
+        self._grids: dict[tuple, tuple[BaseDistribution, list[Any]]] = {}
+
+    def _take(self, name: str, key: tuple, make: Callable[[], BaseDistribution]) -> Any:
+        cached = self._grids.get(key)
+        if cached is None:
+            dist = make()
+            cached = self._grids[key] = (dist, _grid(dist, self.dense_points))
+        dist, grid = cached
+        if name in self.forced:
+            value = self.forced[name]
+        else:
+            depth = len(self.sizes)
+            index = self.path[depth] if depth < len(self.path) else 0
+            self.sizes.append(len(grid))
+            value = grid[index]
+        self.params[name] = value
+        self.distributions[name] = dist
+        return value
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        key = (name, "categorical", tuple(choices))
+        return self._take(name, key, lambda: CategoricalDistribution(list(choices)))
+
+    def suggest_int(
+        self, name: str, low: int, high: int, *, step: int = 1, log: bool = False
+    ) -> int:
+        key = (name, "int", low, high, step, log)
+        return int(
+            self._take(name, key, lambda: IntDistribution(low, high, step=step, log=log))
+        )
+
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None,
+        log: bool = False,
+    ) -> float:
+        key = (name, "float", low, high, step, log)
+        return float(
+            self._take(name, key, lambda: FloatDistribution(low, high, step=step, log=log))
+        )
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        """No-op: enumeration records nothing."""
+
+    def report(self, value: float, step: int) -> None:
+        """No-op."""
+
+    def should_prune(self) -> bool:
+        return False
+
+
+def _next_path(path: list[int], sizes: list[int]) -> list[int] | None:
+    """Advance the odometer at the deepest call that has another value; None when done."""
+    taken = [path[i] if i < len(path) else 0 for i in range(len(sizes))]
+    for depth in range(len(sizes) - 1, -1, -1):
+        if taken[depth] + 1 < sizes[depth]:
+            return taken[:depth] + [taken[depth] + 1]
+    return None
+
+
+def _walk(
+    suggest: Callable[[Any], Config], dense_points: int
+) -> Iterator[tuple[Config, dict[str, Any]]]:
+    # Shared grid cache: rebuilding grids per replay would dominate the run time.
+    grids: dict[tuple, tuple[BaseDistribution, list[Any]]] = {}
+    path: list[int] | None = []
+    while path is not None:
+        trial = _ReplayTrial(path, dense_points)
+        trial._grids = grids
+        try:
+            config = suggest(trial)
+        except Infeasible:
+            config = None
+        if config is not None:
+            yield config, trial.params
+        path = _next_path(path, trial.sizes)
+
+
+def enumerate_configs(suggest: Callable[[Any], Config], dense_points: int = 5) -> Iterator[Config]:
+    """Every config of a define-by-run space, dense knobs on a ``dense_points`` grid.
+
+    Configs whose suggest raises ``Infeasible`` (invalid layouts detected while suggesting) are
+    skipped together with everything below the choice that made them invalid.
+
+    Args:
+        suggest: A define-by-run function taking a trial-like object and returning a config.
+        dense_points: Grid values per dense knob (log-spaced for log knobs); 1 takes the middle.
+    """
+    if dense_points < 1:
+        raise ValueError(f"dense_points must be >= 1, got {dense_points}")
+    for config, _ in _walk(suggest, dense_points):
+        yield config
+
+
+def _score(definition: StudyDefinition, config: Config) -> float | None:
+    try:
+        value = float(definition.measure(config, None))
+    except Infeasible:
+        return None
+    if not math.isfinite(value):
+        return None
+    return value if definition.direction == "maximize" else -value
+
+
+def _replay(definition: StudyDefinition, params: Mapping[str, Any]) -> tuple[Config, dict] | None:
+    trial = _ReplayTrial([], 1, forced=params)
+    try:
+        config = definition.suggest(trial)
+    except Infeasible:
+        return None
+    return config, trial
+
+
+def _refine(
+    definition: StudyDefinition, params: dict[str, Any], score: float, fine_points: int
+) -> tuple[float, dict[str, Any]]:
+    """Coordinate-wise 1-D grid search over the dense params until no coordinate improves."""
+    improved = True
+    while improved:
+        improved = False
+        replay = _replay(definition, params)
+        if replay is None:
+            break
+        _, trial = replay
+        for name, dist in trial.distributions.items():
+            if is_structural(dist) or name not in params:
+                continue
+            if isinstance(dist, IntDistribution) and dist.high - dist.low < fine_points:
+                candidates = list(range(dist.low, dist.high + 1, 1 if dist.log else dist.step))
+            else:
+                candidates = [from_unit(dist, float(u)) for u in np.linspace(0, 1, fine_points)]
+            for value in candidates:
+                trial_params = dict(params, **{name: value})
+                replayed = _replay(definition, trial_params)
+                if replayed is None:
+                    continue
+                candidate_score = _score(definition, replayed[0])
+                if candidate_score is not None and candidate_score > score * (1 + 1e-12):
+                    score, params, improved = candidate_score, trial_params, True
+    return score, params
+
+
+def find_optimum(
+    definition: StudyDefinition, dense_points: int = 5, refine: bool = True, top: int = 20,
+    fine_points: int = 65,
+) -> tuple[float, Config]:
+    """The best noiseless ``measure`` value over the space, and the config reaching it.
+
+    Enumerates the grid, keeps the ``top`` configs, then (``refine``) improves their dense knobs
+    one coordinate at a time on a ``fine_points`` grid (every integer for small int ranges).
+
+    Raises:
+        ValueError: when every config is infeasible.
+    """
+    best: list[tuple[float, int, dict[str, Any]]] = []
+    for counter, (config, params) in enumerate(_walk(definition.suggest, dense_points)):
+        score = _score(definition, config)
+        if score is None:
+            continue
+        entry = (score, counter, dict(params))
+        if len(best) < top:
+            heapq.heappush(best, entry)
+        elif score > best[0][0]:
+            heapq.heapreplace(best, entry)
+    if not best:
+        raise ValueError(f"every configuration of {definition.name!r} is infeasible")
+    results = [(score, params) for score, _, params in best]
+    if refine:
+        results = [_refine(definition, params, score, fine_points) for score, params in results]
+    score, params = max(results, key=lambda item: item[0])
+    config, _ = _replay(definition, params)
+    value = score if definition.direction == "maximize" else -score
+    return value, config
+
+
+def _parse_option(text: str) -> tuple[str, Any]:
+    key, _, raw = text.partition("=")
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
+
+
+def main(argv: list[str] | None = None) -> int:
+    from autoscout_optuna import studies
+
+    parser = argparse.ArgumentParser(prog="python -m autoscout_optuna._enumerate")
+    parser.add_argument("study", help="bundled study name, e.g. llm_training")
+    parser.add_argument("options", nargs="*", help="study options as key=value (JSON values)")
+    parser.add_argument("--dense-points", type=int, default=5)
+    parser.add_argument("--store", action="store_true", help="write into studies/_optima.json")
+    args = parser.parse_args(argv)
+    definition = studies.load(args.study, **dict(map(_parse_option, args.options)))
+    value, config = find_optimum(definition, dense_points=args.dense_points)
+    options = dict(definition.options)
+    key = f"{definition.name}:" + json.dumps(options, sort_keys=True)
+    default_value = None
+    if definition.default_config is not None:
+        default_value = _score(definition, dict(definition.default_config))
+    print(json.dumps({"key": key, "value": value, "default": default_value, "config": config},
+                     indent=1, default=str))
+    if args.store:
+        # Next to the study modules, wherever the package is installed.
+        optima_path = Path(studies.__file__).with_name("_optima.json")
+        stored = json.loads(optima_path.read_text()) if optima_path.is_file() else {}
+        stored[key] = {"value": value, "config": config}
+        optima_path.write_text(json.dumps(stored, indent=1, sort_keys=True, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

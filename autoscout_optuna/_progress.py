@@ -1,0 +1,176 @@
+"""A progress line for ``study.optimize``: trials done, best so far, real vs simulated runs.
+
+On a terminal the line redraws in place; anywhere else (CI logs, pipes) it prints one plain line
+per finished trial, so logs stay readable. It is an Optuna callback and reads only the finished
+trial plus counters it keeps for this run, so it costs nothing per trial.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import TextIO
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autoscout_optuna._keys import FAILURE_REASON
+
+
+class ProgressReporter:
+    """Optuna callback that reports the search as it goes.
+
+    Counts "real" runs (COMPLETE trials: the value was measured), "simulated" ones (PRUNED trials:
+    the simulator's estimate was trusted and the real run skipped) and failed ones (FAIL:
+    infeasible configs), with the best real value so far.
+
+    Args:
+        n_trials: Trials planned in this run (None when only a timeout bounds it).
+        metric: Unit shown after the best value, such as ``"tokens/s"``.
+        stream: Where to write; ``sys.stderr`` by default.
+        is_tty: Redraw one line in place; by default, whether ``stream`` is a terminal.
+
+    Example:
+        .. code-block:: python
+
+            import optuna
+            from autoscout_optuna._progress import ProgressReporter
+
+            study = optuna.create_study()
+            reporter = ProgressReporter(n_trials=5)
+            study.optimize(lambda t: t.suggest_float("x", 0, 1) ** 2, n_trials=5,
+                           callbacks=[reporter])
+            reporter.close()
+    """
+
+    def __init__(
+        self,
+        *,
+        n_trials: int | None,
+        metric: str = "",
+        stream: TextIO | None = None,
+        is_tty: bool | None = None,
+    ) -> None:
+        if n_trials is not None and n_trials < 0:
+            raise ValueError(f"n_trials must be >= 0 or None, got {n_trials}")
+        self.n_trials = n_trials
+        self.metric = metric
+        self.stream = stream if stream is not None else sys.stderr
+        self.is_tty = _isatty(self.stream) if is_tty is None else is_tty
+        self.done = 0
+        self.real = 0
+        self.simulated = 0
+        self.failed = 0
+        self._started = time.monotonic()
+        self._drawn = False
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.done += 1
+        if trial.state == TrialState.COMPLETE:
+            self.real += 1
+        elif trial.state == TrialState.PRUNED:
+            self.simulated += 1
+        elif trial.state == TrialState.FAIL:
+            self.failed += 1
+        self._write(self.line(study, trial))
+
+    def line(self, study: optuna.Study, trial: FrozenTrial) -> str:
+        """The progress text after ``trial`` finished (no newline)."""
+        total = "?" if self.n_trials is None else str(self.n_trials)
+        elapsed = time.monotonic() - self._started
+        outcome = _OUTCOME.get(trial.state, trial.state.name.lower())
+        if trial.state == TrialState.FAIL:
+            outcome += f" ({trial.user_attrs.get(FAILURE_REASON, 'error')})"
+        return (
+            f"[{self.done}/{total}] trial {trial.number} {outcome:<16} "
+            f"best {_best_text(study, self.metric)} | real {self.real} simulated "
+            f"{self.simulated} failed {self.failed} | {elapsed:.0f}s"
+        )
+
+    def close(self) -> None:
+        """End the redrawn line so that what follows starts on a fresh one."""
+        if self.is_tty and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
+
+    def _write(self, text: str) -> None:
+        if self.is_tty:
+            # \r plus clear-to-end-of-line redraws in place, even when the new line is shorter.
+            self.stream.write("\r\x1b[K" + text)
+            self._drawn = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def summary_text(study: optuna.Study, added: int | None = None) -> str:
+    """The end-of-run table: best config, its value, gain over the default, trial counts.
+
+    Args:
+        study: A single-objective study.
+        added: Trials this run added, shown in the header when given.
+    """
+    from autoscout_optuna._dashboard import format_knob, summarize
+
+    summary = summarize(study)
+    unit = f" {summary.metric}" if summary.metric else ""
+    rows = [
+        ("real runs", f"{summary.real} (measured)"),
+        ("simulated", f"{summary.simulated} (simulator estimate trusted, real run saved)"),
+        ("failed", f"{summary.failed} (infeasible, crashed or stopped: see failure_reason)"),
+    ]
+    if summary.best_value is None:
+        rows.append(("best", "no real run completed yet"))
+    else:
+        noiseless = ("" if summary.best_true_value is None
+                     else f", noiseless {format_value(summary.best_true_value)}")
+        rows.append(("best", f"{format_value(summary.best_value)}{unit} "
+                             f"(trial #{summary.best_number}{noiseless})"))
+        # what a real run measured besides the objective (runners record tokens/s and MFU)
+        best_attrs = study.trials[summary.best_number].user_attrs
+        measured = [f"{format_value(best_attrs[key])} {label}" for key, label in
+                    (("tokens_per_s", "tokens/s"), ("mfu", "MFU"))
+                    if isinstance(best_attrs.get(key), (int, float))]
+        if measured:
+            rows.append(("best run", ", ".join(measured)))
+    if summary.default_value is not None:
+        gain = summary.gain_over_default
+        rows.append(("default config", f"{format_value(summary.default_value)}{unit}"))
+        rows.append(("gain over default", "n/a" if gain is None else f"{gain:.2f}x"))
+    lines = [f"Study {summary.study_name!r} ({summary.direction}): {summary.n_trials} trials"
+             + ("" if added is None else f", {added} added by this run")]
+    lines += [f"  {label:<18} {text}" for label, text in rows]
+    if summary.best_params:
+        lines.append("Best configuration:")
+        lines += [f"  {knob:<28} {format_knob(value)}"
+                  for knob, value in sorted(summary.best_params.items())]
+    return "\n".join(lines)
+
+
+_OUTCOME = {TrialState.COMPLETE: "real", TrialState.PRUNED: "simulated", TrialState.FAIL: "failed"}
+
+
+def _best_text(study: optuna.Study, metric: str) -> str:
+    # study.best_value raises when no trial is COMPLETE (all pruned or failed so far).
+    try:
+        value = study.best_value
+    except ValueError:
+        return "- (no real run yet)"
+    unit = f" {metric}" if metric else ""
+    return f"{format_value(value)}{unit}"
+
+
+def format_value(value: float) -> str:
+    """Four significant digits, without scientific notation for everyday magnitudes."""
+    if value is None or not math.isfinite(value):
+        return str(value)
+    if value != 0 and (abs(value) >= 1e7 or abs(value) < 1e-3):
+        return f"{value:.4g}"
+    return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
+def _isatty(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())

@@ -1,0 +1,93 @@
+"""Samplers side by side on the reference studies: tables and plots under ``benchmarks/results``.
+
+Example:
+    .. code-block:: bash
+
+        python -m autoscout_optuna.benchmark --suite baselines --quick --out /tmp/bench
+
+``main`` is also what ``autoscout bench`` delegates to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from autoscout_optuna.benchmark._harness import Contender, Suite, TimedSampler, run_suite
+from autoscout_optuna.benchmark._report import summarize
+
+__all__ = ["Contender", "Suite", "TimedSampler", "main", "run_suite", "summarize"]
+
+DEFAULT_OUT = Path("benchmarks") / "results"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m autoscout_optuna.benchmark",
+        description="Run benchmark suites; write CSV, markdown and PNG per suite.",
+    )
+    parser.add_argument("--suite", nargs="+", action="extend", default=[], metavar="NAME",
+                        help="suite or suite-module name (repeatable); default: all suites")
+    parser.add_argument("--seeds", type=int, help="seeds per (study, contender)")
+    parser.add_argument("--trials", type=int, help="trials per run")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--quick", action="store_true", help="tiny budgets, for smoke tests")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"results root, one folder per suite (default {DEFAULT_OUT})")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    for name in ("seeds", "trials", "workers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            print(f"--{name} must be >= 1, got {value}", file=sys.stderr)
+            return 2
+    from autoscout_optuna.benchmark import suites as registry
+
+    try:
+        chosen = (registry.find(args.suite, quick=args.quick) if args.suite
+                  else registry.all_suites(quick=args.quick))
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if not args.suite:
+        print("no --suite named; running all: " + ", ".join(s.name for s in chosen))
+    command = "python -m autoscout_optuna.benchmark " + shlex.join(argv)
+    for suite in chosen:
+        suite = _override(suite, seeds=args.seeds, trials=args.trials)
+        print(f"== suite {suite.name}: {len(suite.definitions)} studies x "
+              f"{len(suite.contenders)} contenders x {suite.n_seeds} seeds x "
+              f"{suite.n_trials} trials", flush=True)
+        run_suite(suite, args.out, n_workers=args.workers,
+                  log=lambda line: print(line, file=sys.stderr, flush=True))
+        _log_command(args.out, suite.name, command.strip())
+        print((args.out / suite.name / "summary.md").read_text(), flush=True)
+    return 0
+
+
+def _override(suite: Suite, *, seeds: int | None, trials: int | None) -> Suite:
+    changes: dict = {}
+    if seeds is not None:
+        changes["n_seeds"] = seeds
+    if trials is not None:
+        changes["n_trials"] = trials
+        changes["budgets"] = [b for b in suite.budgets if b <= trials] or [trials]
+    return dataclasses.replace(suite, **changes) if changes else suite
+
+
+def _log_command(out: Path, suite_name: str, command: str) -> None:
+    """Append what produced ``<out>/<suite_name>`` to ``<out>/README.md``."""
+    readme = out / "README.md"
+    if not readme.exists():
+        readme.write_text("# Benchmark results\n\n## Runs\n\n")
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    with readme.open("a") as handle:
+        handle.write(f"- {stamp}, suite `{suite_name}` -> `{suite_name}/`: `{command}`\n")

@@ -1,0 +1,248 @@
+"""Per-trial rows -> summary table (CSV + markdown) and a best-so-far plot.
+
+Everything is scored on best/optimum, oriented so that 1.0 is the optimum and larger is better:
+``best / optimum`` when maximizing, ``optimum / best`` when minimizing (metrics are positive,
+such as tokens/s or seconds). A seed with no COMPLETE trial yet scores 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from autoscout_optuna.benchmark._harness import Suite
+
+GROUP = ["study", "contender"]
+RUN = ["study", "contender", "seed"]
+FAILS_IGNORED_AT_START = 20  # "FAIL after 20": failures once a sampler has had time to learn
+
+
+def with_optimum(trials: pd.DataFrame) -> pd.DataFrame:
+    """Add ``optimum_used`` and ``optimum_source`` per study.
+
+    The definition's optimum when known; otherwise the best true value any contender found on
+    that study (so the ratio is relative to the best seen, and the table says so).
+    """
+    frame = trials.copy()
+    frame["optimum_used"] = np.nan
+    frame["optimum_source"] = ""
+    for _, rows in frame.groupby("study", sort=False):
+        known = rows["optimum"].dropna()
+        if len(known):
+            optimum, source = float(known.iloc[0]), "definition"
+        else:
+            complete = rows.loc[rows["is_real_run"].astype(bool), "true_value"].dropna()
+            maximize = rows["direction"].iloc[0] == "maximize"
+            optimum = (complete.max() if maximize else complete.min()) if len(complete) else np.nan
+            source = "best seen"
+        frame.loc[rows.index, "optimum_used"] = optimum
+        frame.loc[rows.index, "optimum_source"] = source
+    maximize = frame["direction"] == "maximize"
+    best = frame["best_true_so_far"].astype(float)
+    ratio = np.where(maximize, best / frame["optimum_used"], frame["optimum_used"] / best)
+    frame["best_ratio"] = np.nan_to_num(ratio.astype(float), nan=0.0, posinf=0.0, neginf=0.0)
+    # Trials in order within each run; runs in order of appearance (the suite's order).
+    run_order = frame.groupby(RUN, sort=False).ngroup()
+    frame = frame.assign(_run=run_order).sort_values(["_run", "trial"], kind="stable")
+    return frame.drop(columns="_run")
+
+
+def ratio_curves(trials: pd.DataFrame, n_trials: int) -> pd.DataFrame:
+    """best/optimum after 1..n_trials trials: rows (study, contender, seed), columns 1..n."""
+    frame = trials if "best_ratio" in trials else with_optimum(trials)
+    curves = frame.pivot_table(index=RUN, columns="trial", values="best_ratio", aggfunc="first")
+    curves = curves.reindex(columns=range(n_trials)).ffill(axis=1).fillna(0.0)
+    curves.columns = range(1, n_trials + 1)
+    return curves
+
+
+def trials_to_reach(trials: pd.DataFrame, fraction: float, n_trials: int) -> pd.Series:
+    """Per (study, contender, seed): trials used until best/optimum >= ``fraction``.
+
+    A seed that never gets there counts as ``n_trials + 1``.
+    """
+    curves = ratio_curves(trials, n_trials)
+    reached = curves.to_numpy() >= fraction - 1e-12
+    first = np.where(reached.any(axis=1), reached.argmax(axis=1) + 1, n_trials + 1)
+    return pd.Series(first, index=curves.index, name=f"trials_to_{fraction:g}")
+
+
+def real_runs_to_reach(trials: pd.DataFrame, fraction: float, n_trials: int) -> pd.Series:
+    """Per seed: COMPLETE (real) trials run until best/optimum >= ``fraction``; else n+1."""
+    frame = trials if "best_ratio" in trials else with_optimum(trials)
+    result = {}
+    for key, rows in frame.groupby(RUN, sort=True):
+        hit = rows.index[rows["best_ratio"] >= fraction - 1e-12]
+        if len(hit):
+            upto = rows.loc[: hit[0]]
+            result[key] = int(upto["is_real_run"].astype(bool).sum())
+        else:
+            result[key] = n_trials + 1
+    index = pd.MultiIndex.from_tuples(list(result), names=RUN)
+    return pd.Series(list(result.values()), index=index, name=f"real_runs_to_{fraction:g}")
+
+
+def summarize(trials: pd.DataFrame, budgets: Sequence[int], n_trials: int) -> pd.DataFrame:
+    """One row per (study, contender): best/optimum quartiles at each budget and the rest."""
+    frame = with_optimum(trials)
+    curves = ratio_curves(frame, n_trials)
+    to95 = trials_to_reach(frame, 0.95, n_trials)
+    to99 = trials_to_reach(frame, 0.99, n_trials)
+    real99 = real_runs_to_reach(frame, 0.99, n_trials)
+    fails = frame.assign(fail=frame["state"] == "FAIL")
+    fails = fails.assign(late=fails["fail"] & (fails["trial"] >= FAILS_IGNORED_AT_START))
+    per_run = fails.groupby(RUN)[["fail", "late"]].sum()
+    rows = []
+    for (study, contender), group in frame.groupby(GROUP, sort=False):
+        runs = curves.loc[(study, contender)]
+        row = {
+            "study": study,
+            "contender": contender,
+            "n_seeds": len(runs),
+            "optimum": group["optimum_used"].iloc[0],
+            "optimum_source": group["optimum_source"].iloc[0],
+        }
+        for budget in budgets:
+            if budget > n_trials:
+                continue
+            values = runs[budget]
+            row[f"best@{budget}_median"] = values.median()
+            row[f"best@{budget}_q25"] = values.quantile(0.25)
+            row[f"best@{budget}_q75"] = values.quantile(0.75)
+        for name, series, limit in (("95", to95, n_trials), ("99", to99, n_trials)):
+            seeds = series.loc[(study, contender)]
+            row[f"trials_to_{name}_median"] = seeds.median()
+            row[f"reached_{name}"] = int((seeds <= limit).sum())
+        row["real_runs_to_99_median"] = real99.loc[(study, contender)].median()
+        row["fail_per_seed"] = per_run.loc[(study, contender), "fail"].mean()
+        row[f"fail_after_{FAILS_IGNORED_AT_START}_per_seed"] = per_run.loc[
+            (study, contender), "late"
+        ].mean()
+        row["sampler_ms_median"] = group["sampler_ms"].median()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def markdown(summary: pd.DataFrame, budgets: Sequence[int], n_trials: int) -> str:
+    """The summary as a markdown table, with a note on how each optimum was obtained."""
+    shown = [b for b in budgets if f"best@{b}_median" in summary]
+    header = (
+        ["study", "contender", "seeds"]
+        + [f"best/opt @{b} median [q25, q75]" for b in shown]
+        + ["trials to 95% (seeds reached)", "trials to 99% (seeds reached)",
+           "real runs to 99%", "FAIL/seed (after 20)", "sampler ms/trial"]
+    )
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in summary.to_dict("records"):
+        cells = [row["study"], row["contender"], str(row["n_seeds"])]
+        cells += [
+            f"{row[f'best@{b}_median']:.3f} [{row[f'best@{b}_q25']:.3f}, "
+            f"{row[f'best@{b}_q75']:.3f}]"
+            for b in shown
+        ]
+        late_fails = row[f"fail_after_{FAILS_IGNORED_AT_START}_per_seed"]
+        seeds = row["n_seeds"]
+        cells += [
+            f"{_count(row['trials_to_95_median'], n_trials)} ({row['reached_95']}/{seeds})",
+            f"{_count(row['trials_to_99_median'], n_trials)} ({row['reached_99']}/{seeds})",
+            _count(row["real_runs_to_99_median"], n_trials),
+            f"{row['fail_per_seed']:.1f} ({late_fails:.1f})",
+            f"{row['sampler_ms_median']:.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = ["", f"Medians over seeds; a seed that never reaches counts as {n_trials + 1} "
+             f"(more than the {n_trials} trials run)."]
+    for study, rows in summary.groupby("study", sort=False):
+        source = rows["optimum_source"].iloc[0]
+        optimum = rows["optimum"].iloc[0]
+        if source == "definition":
+            notes.append(f"- `{study}`: optimum {optimum:.6g} (from the study definition).")
+        else:
+            notes.append(
+                f"- `{study}`: optimum unknown; ratios are relative to the best value seen across "
+                f"all contenders ({optimum:.6g})."
+            )
+    return "\n".join(lines + notes) + "\n"
+
+
+def plot_best_so_far(trials: pd.DataFrame, n_trials: int, path: Path, title: str = "") -> None:
+    """One panel per study: median best/optimum vs trials, interquartile band per contender."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = ratio_curves(trials, n_trials)
+    studies = list(trials["study"].unique())
+    contenders = list(trials["contender"].unique())
+    n_cols = min(len(studies), 3)
+    n_rows = math.ceil(len(studies) / n_cols)
+    fig, axes = plt.subplots(
+        n_rows, n_cols, figsize=(5.2 * n_cols, 4.4 * n_rows), squeeze=False, sharey=False
+    )
+    x = np.arange(1, n_trials + 1)
+    colors = plt.get_cmap("tab10")
+    for ax, study in zip(axes.flat, studies, strict=False):
+        lows = []
+        for i, contender in enumerate(contenders):
+            if (study, contender) not in curves.index.droplevel("seed"):
+                continue
+            runs = curves.loc[(study, contender)].to_numpy()
+            q25, median, q75 = np.quantile(runs, [0.25, 0.5, 0.75], axis=0)
+            label = f"{contender} ({len(runs)} seeds)"
+            ax.plot(x, median, color=colors(i % 10), label=label, linewidth=1.8)
+            ax.fill_between(x, q25, q75, color=colors(i % 10), alpha=0.18, linewidth=0)
+            lows.append(median[min(len(x) - 1, max(n_trials // 5, 1))])
+        for level in (0.95, 0.99):
+            ax.axhline(level, color="grey", linestyle=":", linewidth=0.8)
+        # Early trials sit near 0 (nothing feasible yet); zoom on where contenders differ,
+        # from the lowest median after a fifth of the budget.
+        bottom = max(0.0, math.floor(20 * min(min(lows, default=0.0), 0.9)) / 20 - 0.05)
+        ax.set_ylim(bottom, 1.02)
+        ax.set_xlim(1, n_trials)
+        ax.set_title(study, fontsize=10)
+        ax.set_xlabel("trials")
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("best / optimum (median, IQR band)")
+    for ax in list(axes.flat)[len(studies):]:
+        ax.set_visible(False)
+    # One legend for the figure, below the panels: inside a panel it hides the curves.
+    handles, labels = {}, {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+            labels.setdefault(label, label)
+    fig.legend(list(handles.values()), list(labels.values()), loc="lower center",
+               ncol=min(len(handles), 6), frameon=False)
+    if title:
+        fig.suptitle(f"{title}: best true value so far / optimum (dotted: 95%, 99%)")
+    fig.tight_layout(rect=(0, 0.07 if n_rows == 1 else 0.04, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(suite: Suite, trials: pd.DataFrame, directory: Path) -> pd.DataFrame:
+    """Write trials.csv, summary.csv, summary.md and best_so_far.png; return the summary."""
+    directory.mkdir(parents=True, exist_ok=True)
+    trials.to_csv(directory / "trials.csv", index=False, float_format="%.6g")
+    summary = summarize(trials, suite.budgets, suite.n_trials)
+    summary.to_csv(directory / "summary.csv", index=False, float_format="%.6g")
+    header = f"# {suite.name}\n\n{suite.description}\n\n" if suite.description else ""
+    header += f"{suite.n_trials} trials per run, up to {suite.n_seeds} seeds.\n\n"
+    (directory / "summary.md").write_text(header + markdown(summary, suite.budgets, suite.n_trials))
+    plot_best_so_far(trials, suite.n_trials, directory / "best_so_far.png", title=suite.name)
+    return summary
+
+
+def _count(value: float, n_trials: int) -> str:
+    if math.isnan(value):
+        return "-"
+    text = f"{value:g}"
+    return f">{n_trials}" if value > n_trials else text

@@ -1,0 +1,394 @@
+"""The ``autoscout`` command: run a ready-made study, compare samplers, look at the results.
+
+.. code-block:: bash
+
+    autoscout run llm_training --n-trials 40 --option preset=70b-512
+    autoscout show                 # decisions table and best config of the study
+    autoscout dashboard            # optuna-dashboard on http://127.0.0.1:8080
+    autoscout bench --suite baselines --quick
+
+Usage errors (a bad storage URL, an unknown study, a study name taken by a study of the other
+direction, a bad option value) print one line to stderr and exit with status 2, before anything
+is written to storage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+DEFAULT_STORAGE = "sqlite:///autoscout.db"
+DEFAULT_ARTIFACT_DIR = "artifacts"
+DEFAULT_N_TRIALS = 30  # when the study does not say: a few minutes on 2 CPU cores
+USAGE_ERROR = 2
+# `autoscout show` columns: the decision and its outcome; `--wide` adds every sub-sampler attr.
+SHOW_COLUMNS = ("number", "state", "value", "autoscout:arm", "autoscout:fidelity",
+                "autoscout:fidelity_reason", "failure_reason", "autoscout:reason")
+
+
+class UsageError(Exception):
+    """A mistake in the command line: reported in one line, exit status 2, no traceback."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``autoscout`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        # The benchmark owns its own options (and --help): pass everything through untouched.
+        from autoscout_optuna.benchmark import main as bench_main
+
+        return bench_main(argv[1:])
+    args = _parser().parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # progress line instead of INFO spam
+    try:
+        return args.handler(args)
+    except UsageError as error:
+        print(f"autoscout {args.command}: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    except Exception as error:
+        # A read-only or locked database surfaces deep inside Optuna (often as the unhelpful
+        # "invalid data in the commit"): name the real cause in one line. The failing write
+        # happened in a transaction that was rolled back, so nothing stored is changed.
+        reason = storage_failure(error)
+        if reason is None:
+            raise
+        print(f"autoscout {args.command}: error: storage {getattr(args, 'storage', '')!r} "
+              f"{reason}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def storage_failure(error: BaseException) -> str | None:
+    """Why the storage refused, in words, if ``error`` comes from the database; else None."""
+    import sqlite3
+
+    chain: list[BaseException] = []
+    while error is not None and error not in chain:  # `raise ... from`: Optuna, SQLAlchemy
+        chain.append(error)
+        error = error.__cause__
+    for cause in reversed(chain):  # the deepest cause says what the database said
+        text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        if isinstance(cause, sqlite3.OperationalError) or "OperationalError" in type(
+            cause
+        ).__name__:
+            lowered = text.lower()
+            if "readonly" in lowered or "read-only" in lowered:
+                return f"is read-only ({text}); check the file and folder permissions"
+            if "locked" in lowered or "busy" in lowered:
+                return f"is locked by another process ({text}); retry when it is released"
+            return f"cannot be used: {text}"
+    if any(isinstance(e, optuna.exceptions.StorageInternalError) for e in chain):
+        return f"cannot be written: {chain[-1]}"
+    return None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autoscout", description="Find the fastest configuration of an ML job with Optuna."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from autoscout_optuna import studies
+
+    run = commands.add_parser(
+        "run", help="run (or resume) a ready-made study",
+        epilog=f"bundled studies: {', '.join(studies.names())}. A study's options are the "
+        "keyword arguments of its definition() function.",
+    )
+    run.add_argument("study", metavar="STUDY",
+                     help="bundled study name (e.g. llm_training) or path of a .py study file "
+                     "(it runs as Python code: use only files you trust)")
+    _add_storage(run)
+    run.add_argument("--study-name", help="name in storage (default: STUDY); resumed if it exists")
+    run.add_argument("--n-trials", type=_positive_int, help="trials to add in this run "
+                     f"(default: the study's own default, else {DEFAULT_N_TRIALS})")
+    run.add_argument("--timeout", type=_positive_float, help="stop starting trials after S seconds")
+    run.add_argument("--seed", type=int, help="sampler seed (default: fresh randomness)")
+    run.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
+                     help="study option, repeatable (e.g. -o num_gpus=128 -o gpu=A100)")
+    run.add_argument("--artifact-dir", default=DEFAULT_ARTIFACT_DIR,
+                     help=f"where dashboard plots go (default: {DEFAULT_ARTIFACT_DIR})")
+    run.set_defaults(handler=_run)
+
+    show = commands.add_parser("show", help="print the decisions table and best config")
+    _add_storage(show)
+    show.add_argument("--study-name", help="study to show (default: the only one in storage)")
+    show.add_argument("--last", type=int, default=20, help="rows of the table (0: all)")
+    show.add_argument("--wide", action="store_true",
+                      help="every decision column, not only the main ones")
+    show.set_defaults(handler=_show)
+
+    dash = commands.add_parser("dashboard", help="start optuna-dashboard on the storage")
+    _add_storage(dash)
+    dash.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    dash.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
+    dash.add_argument("--artifact-dir", default=DEFAULT_ARTIFACT_DIR,
+                      help=f"artifact store folder (default: {DEFAULT_ARTIFACT_DIR})")
+    dash.set_defaults(handler=_dashboard)
+
+    # Listed for --help only: main() hands `bench ...` to the benchmark before parsing.
+    commands.add_parser("bench", help="samplers side by side (autoscout bench --help)")
+    return parser
+
+
+def _add_storage(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage", default=DEFAULT_STORAGE,
+                        help=f"Optuna storage URL (default: {DEFAULT_STORAGE})")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from autoscout_optuna import AutoScoutSampler, FidelityPruner, Infeasible, _dashboard, studies
+    from autoscout_optuna._progress import ProgressReporter, summary_text
+
+    options = parse_options(args.option)
+    definition = _load_definition(args.study, options, studies)
+    storage = open_storage(args.storage)
+    study_name = args.study_name or definition.name
+    _check_direction(storage, study_name, definition.direction)
+    study = optuna.create_study(
+        storage=storage,
+        study_name=study_name,
+        direction=definition.direction,
+        sampler=AutoScoutSampler(seed=args.seed),
+        pruner=FidelityPruner() if definition.simulate is not None else None,
+        load_if_exists=True,
+    )
+    study.set_user_attr(_dashboard.METRIC_KEY, definition.metric)
+    study.set_user_attr("autoscout:study", definition.name)
+    n_before = len(study.trials)
+    if n_before:
+        print(f"resuming study {study_name!r}: {n_before} trials already in {args.storage}",
+              file=sys.stderr)
+    n_trials = args.n_trials
+    if n_trials is None and args.timeout is None:
+        n_trials = int(definition.options.get("n_trials", DEFAULT_N_TRIALS))
+    reporter = ProgressReporter(n_trials=n_trials, metric=definition.metric)
+    # Failed trials are expected (infeasible configs) and the progress line names their reason:
+    # Optuna's per-failure traceback would only bury it.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    interrupted = False
+    try:
+        evaluate_default(study, definition)
+        study.optimize(
+            _objective(definition, args.seed),
+            n_trials=n_trials,
+            timeout=args.timeout,
+            catch=(Infeasible,),
+            callbacks=[reporter, _NoteRefresher(args.artifact_dir)],
+        )
+    except KeyboardInterrupt:
+        interrupted = True  # the running trial is FAIL already; everything else is stored
+    finally:
+        reporter.close()
+    if interrupted:
+        print("interrupted: every finished trial is stored; the same command resumes the study",
+              file=sys.stderr)
+    print(summary_text(study, added=len(study.trials) - n_before))
+    _dashboard.publish(study, artifact_dir=args.artifact_dir)
+    print(f"\nDashboard: autoscout dashboard --storage {args.storage} "
+          f"--artifact-dir {args.artifact_dir}")
+    return 130 if interrupted else 0
+
+
+class _NoteRefresher:
+    """Keeps the dashboard note current during long runs: at most once a minute (plots take
+    about a second to draw, a trial of a reference study a few milliseconds)."""
+
+    def __init__(self, artifact_dir: str, every_s: float = 60.0) -> None:
+        self.artifact_dir = artifact_dir
+        self.every_s = every_s
+        self._last = time.monotonic()
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        from autoscout_optuna import _dashboard
+
+        if time.monotonic() - self._last >= self.every_s:
+            _dashboard.publish(study, artifact_dir=self.artifact_dir)
+            self._last = time.monotonic()
+
+
+def _objective(definition: Any, seed: int | None) -> Any:
+    """Multi-fidelity objective when the study has a simulator, plain real runs otherwise."""
+    from autoscout_optuna._objective import reference_objective
+    from autoscout_optuna.fidelity import from_definition
+
+    # Reference studies play the real run with seeded measurement noise, as a real job has.
+    noise_seed = 0 if seed is None else seed
+    if definition.simulate is not None:
+        return from_definition(definition, noise_seed=noise_seed)
+    return reference_objective(definition, noise_seed=noise_seed)
+
+
+def _show(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from autoscout_optuna import decisions_table
+    from autoscout_optuna._progress import summary_text
+
+    storage = open_storage(args.storage, must_exist=True)
+    study = load_existing_study(storage, args.study_name)
+    table = decisions_table(study)
+    if not args.wide:
+        table = table[[c for c in SHOW_COLUMNS if c in table.columns]]
+    if args.last > 0:
+        table = table.tail(args.last)
+    with pd.option_context("display.max_columns", None, "display.width", 200,
+                           "display.max_colwidth", 60):
+        print(table.to_string(index=False) if len(table) else "(no trials yet)")
+    print()
+    print(summary_text(study, added=None))
+    return 0
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    from autoscout_optuna import _dashboard
+
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    storage = open_storage(args.storage, must_exist=True)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: --host {args.host} makes the dashboard reachable from the network; "
+              "it has no authentication", file=sys.stderr)
+    print(f"optuna-dashboard on http://{args.host}:{args.port}/ (storage {args.storage}, "
+          f"artifacts in {args.artifact_dir}); Ctrl-C stops it", file=sys.stderr)
+    try:
+        _dashboard.serve(storage, host=args.host, port=args.port, artifact_dir=args.artifact_dir)
+    except OSError as error:  # port taken, address not local, ...
+        reason = error.strerror or error
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {reason}") from None
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def evaluate_default(study: optuna.Study, definition: Any) -> None:
+    """Measure the study's default config once (noiselessly where the study can) and keep the
+    value in a study user attr, so the gain over it survives resumes and is measured once."""
+    from autoscout_optuna import Infeasible
+    from autoscout_optuna._dashboard import DEFAULT_VALUE_KEY
+
+    if definition.default_config is None or DEFAULT_VALUE_KEY in study.user_attrs:
+        return
+    kind = "a real run" if definition.is_real else "noiseless reference"
+    print(f"measuring the default config once ({kind})", file=sys.stderr)
+    try:
+        value = float(definition.measure(dict(definition.default_config), None))
+    except Infeasible as error:
+        print(f"the default config is infeasible: {error}", file=sys.stderr)
+        value = None
+    study.set_user_attr(DEFAULT_VALUE_KEY, value)
+
+
+def parse_options(items: Sequence[str]) -> dict[str, Any]:
+    """``["num_gpus=128", "fast=true"]`` -> ``{"num_gpus": 128, "fast": True}``.
+
+    Values become int, float or bool where they read as one (true/false, yes/no, on/off),
+    else stay strings; dashes in keys become underscores.
+    """
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"--option {item!r}: expected KEY=VALUE, e.g. --option num_gpus=128")
+        options[key] = _parse_value(text.strip())
+    return options
+
+
+def _parse_value(text: str) -> Any:
+    lowered = text.lower()
+    if lowered in ("true", "yes", "on"):
+        return True
+    if lowered in ("false", "no", "off"):
+        return False
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _load_definition(name: str, options: Mapping[str, Any], studies: Any) -> Any:
+    if not name.endswith(".py") and name not in studies.names():
+        raise UsageError(f"unknown study {name!r}; known studies: {', '.join(studies.names())} "
+                         "(or the path of a .py file defining definition(**options))")
+    if name.endswith(".py") and not Path(name).is_file():
+        raise UsageError(f"study file {name!r} does not exist")
+    try:
+        return studies.load(name, **options)
+    except (TypeError, ValueError) as error:
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "no options"
+        raise UsageError(f"study {name!r} rejected its options ({given}): {error}") from None
+
+
+def open_storage(url: str, *, must_exist: bool = False) -> optuna.storages.BaseStorage:
+    """Open an Optuna storage, turning every way a URL can be wrong into a :class:`UsageError`.
+
+    With ``must_exist``, a SQLite file that is not there is an error instead of a new empty
+    database (``show`` and ``dashboard`` read; they must not create).
+    """
+    if must_exist and url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///"):])
+        if not path.is_file():
+            raise UsageError(f"no database at {path} (from --storage {url}); "
+                             "run `autoscout run STUDY` first")
+    try:
+        return optuna.storages.get_storage(url)
+    except Exception as error:  # noqa: BLE001 - sqlalchemy, driver or file errors, all usage here
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UsageError(f"cannot open storage {url!r}: {first_line}") from None
+
+
+def load_existing_study(storage: optuna.storages.BaseStorage, name: str | None) -> optuna.Study:
+    """The study called ``name``, or the only study in ``storage`` when ``name`` is None."""
+    names = optuna.get_all_study_names(storage)
+    if name is None:
+        if len(names) != 1:
+            listed = ", ".join(names) if names else "none"
+            raise UsageError(f"--study-name is needed: the storage holds {len(names)} studies "
+                             f"({listed})")
+        name = names[0]
+    if name not in names:
+        raise UsageError(f"no study {name!r} in storage; studies there: "
+                         f"{', '.join(names) or 'none'}")
+    study = optuna.load_study(study_name=name, storage=storage)
+    if len(study.directions) != 1:
+        raise UsageError(f"study {name!r} is multi-objective; autoscout handles one objective")
+    return study
+
+
+def _check_direction(storage: optuna.storages.BaseStorage, name: str, direction: str) -> None:
+    # optuna.create_study(load_if_exists=True) silently keeps the stored direction: check first.
+    if name not in optuna.get_all_study_names(storage):
+        return
+    stored = optuna.load_study(study_name=name, storage=storage).directions
+    wanted = optuna.study.StudyDirection.MAXIMIZE if direction == "maximize" else \
+        optuna.study.StudyDirection.MINIMIZE
+    if list(stored) != [wanted]:
+        have = ", ".join(d.name.lower() for d in stored)
+        raise UsageError(f"study name {name!r} is taken by a study that goes {have}, but this "
+                         f"study goes {direction}; pick another --study-name")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

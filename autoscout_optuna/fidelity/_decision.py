@@ -1,0 +1,127 @@
+"""Which fidelity a trial gets: a pure function of the history, no ``optuna.Study``.
+
+Kept apart from the pruner adapter so it is tested with plain numbers, and so that the same
+history always gives the same decision (a resumed study, or a second worker, decides alike).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoscout_optuna.fidelity._error import SimulatorError, measure_error
+
+SIMULATOR = "simulator"
+REAL = "real"
+
+
+@dataclass(frozen=True)
+class FidelitySettings:
+    """The pruner's knobs (validated by ``FidelityPruner``)."""
+
+    error_threshold: float
+    rank_error_threshold: float | None
+    rank_tolerance: float
+    top_fraction: float | None
+    optimism: float
+    validation_period: int | None
+    n_warmup_real: int
+    window: int
+    min_pairs: int
+
+
+@dataclass(frozen=True)
+class FidelityDecision:
+    """What to do with one trial, and why.
+
+    Attributes:
+        fidelity: ``"simulator"`` (trust the estimate, prune) or ``"real"`` (run it).
+        reason: ``"no_estimate"``, ``"warm_up"``, ``"simulator_error_high"``,
+            ``"periodic_validation"``, ``"could_beat_best"``, ``"top_fraction"`` or
+            ``"not_promising"``.
+        error: The simulator's recent error when the decision was taken.
+        estimate_rank: Fraction of earlier estimates better than this one (0 = best so far).
+    """
+
+    fidelity: str
+    reason: str
+    error: SimulatorError
+    estimate_rank: float | None
+
+
+def decide(
+    *,
+    trial_number: int,
+    estimate: float | None,
+    maximize: bool,
+    pool_estimates: Sequence[float],
+    pair_estimates: Sequence[float],
+    pair_reals: Sequence[float],
+    best_real: float | None,
+    settings: FidelitySettings,
+) -> FidelityDecision:
+    """Decide the fidelity of one trial (all values raw, as the objective reported them).
+
+    Args:
+        trial_number: The trial's number (periodic validation is by number, so it survives a
+            restart).
+        estimate: This trial's estimate; None or non-finite when the simulator gave none.
+        maximize: The study's direction.
+        pool_estimates: Earlier trials' estimates.
+        pair_estimates: Estimates of trials that also have a real value, oldest first.
+        pair_reals: Their real values.
+        best_real: The best real value so far (None before any).
+        settings: The pruner's knobs.
+    """
+    error = measure_error(
+        pair_estimates, pair_reals, window=settings.window, rank_tolerance=settings.rank_tolerance
+    )
+    if estimate is None or not math.isfinite(estimate):
+        return FidelityDecision(REAL, "no_estimate", error, None)
+    sign = 1.0 if maximize else -1.0
+    pool = sign * np.asarray(pool_estimates, dtype=float)
+    pool = pool[np.isfinite(pool)]
+    rank = float(np.mean(pool > sign * estimate)) if pool.size else 0.0
+    n_real = len(pair_reals)
+    if n_real < settings.n_warmup_real or error.n_pairs < settings.min_pairs:
+        # Until the simulator has been checked against enough real runs, nothing says it can
+        # be trusted.
+        return FidelityDecision(REAL, "warm_up", error, rank)
+    if _error_too_high(error, settings):
+        return FidelityDecision(REAL, "simulator_error_high", error, rank)
+    if settings.validation_period is not None and trial_number % settings.validation_period == 0:
+        # Validation ignores the estimate, so the error is also measured on configs the
+        # simulator does not like (promising configs alone are a narrow, optimistic sample).
+        return FidelityDecision(REAL, "periodic_validation", error, rank)
+    if best_real is None or _could_beat(estimate, best_real, sign, error, settings.optimism):
+        return FidelityDecision(REAL, "could_beat_best", error, rank)
+    if settings.top_fraction is not None and rank < settings.top_fraction:
+        return FidelityDecision(REAL, "top_fraction", error, rank)
+    return FidelityDecision(SIMULATOR, "not_promising", error, rank)
+
+
+def _could_beat(
+    estimate: float, best_real: float, sign: float, error: SimulatorError, optimism: float
+) -> bool:
+    """Whether the calibrated estimate, given the benefit of the doubt, beats the best real.
+
+    Comparing an estimate with the best *real* value (rather than with other estimates) avoids
+    the winner's curse: the best estimates so far are the luckiest draws of the simulator's
+    noise, so a good config with average noise would rarely rank among them.
+    """
+    calibrated = estimate * (error.scale if error.scale is not None else 1.0)
+    doubt = abs(calibrated) * optimism * (error.relative_error or 0.0)
+    return sign * calibrated + doubt >= sign * best_real
+
+
+def _error_too_high(error: SimulatorError, settings: FidelitySettings) -> bool:
+    if error.relative_error is not None and error.relative_error > settings.error_threshold:
+        return True
+    return (
+        settings.rank_error_threshold is not None
+        and error.discordance is not None
+        and error.discordance > settings.rank_error_threshold
+    )

@@ -1,0 +1,65 @@
+"""Adapter: a SimulatorEnsemble refitted from a study's real results at every estimate."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import optuna
+
+from autoscout_optuna import _keys
+from autoscout_optuna._history import orient, read_history
+from autoscout_optuna.fidelity._ensemble import SimulatorEnsemble
+
+
+class StudyEnsembleEstimator:
+    """Corrects a raw simulator value with an ensemble trained on the study's real runs.
+
+    Training data is every COMPLETE trial that recorded its raw simulator output (user attr
+    ``autoscout:simulated``) and its params: nothing lives outside storage, so every worker and
+    a resumed study fit the same ensemble.
+
+    Args:
+        ensemble_options: Keyword arguments of :class:`SimulatorEnsemble` (``simulate`` aside).
+    """
+
+    def __init__(self, **ensemble_options: Any) -> None:
+        if "simulate" in ensemble_options:
+            raise ValueError("ensemble_options must not contain simulate: values are recorded")
+        SimulatorEnsemble(**ensemble_options)  # validate now, not at the first trial
+        self._options = ensemble_options
+
+    def fit(self, study: optuna.Study, exclude: int | None = None) -> SimulatorEnsemble:
+        """The ensemble fitted on ``study``'s real runs (trial ``exclude`` left out)."""
+        configs, simulated, real = [], [], []
+        for observation in read_history(study):
+            if observation.kind != "real" or observation.number == exclude:
+                continue
+            raw = observation.user_attrs.get(_keys.SIMULATED)
+            if not isinstance(raw, (int, float)) or not math.isfinite(raw):
+                continue
+            configs.append(dict(observation.params))
+            simulated.append(float(raw))
+            # Observation scores are oriented (larger is better); orient() is its own inverse.
+            real.append(orient(observation.score, study.direction))
+        ensemble = SimulatorEnsemble(simulate=_recorded_only, **self._options)
+        return ensemble.fit(configs, real, simulated)
+
+    def estimate(self, trial: optuna.Trial, params: Mapping[str, Any], simulated: float) -> float:
+        """The ensemble's estimate for a trial's params, given its raw simulator value.
+
+        Falls back to the raw value if the fit fails numerically: a bad correction must never
+        cost the trial its estimate.
+        """
+        try:
+            ensemble = self.fit(trial.study, exclude=trial.number)
+            value = ensemble.predict_one(params, simulated)
+        except (ValueError, ArithmeticError, np.linalg.LinAlgError):
+            return simulated
+        return value if math.isfinite(value) else simulated
+
+
+def _recorded_only(config: Mapping[str, Any]) -> float:
+    raise RuntimeError("the study ensemble is always given recorded simulator values")

@@ -1,0 +1,190 @@
+"""Difference-in-differences credit for the orchestrator's arms (pure: numbers in, numbers out).
+
+Two factors move a trial's score: its *structure* (the discrete layout MCTS explores) and the
+*stage of dense tuning* that structure has had (how many coordinate-descent steps refined it).
+A naive bandit credits a trial by how it compares with the incumbent. That confounds the two
+factors: a new structure, evaluated once, loses to an incumbent structure that has had twenty
+refinement steps even when the new structure is better; and a refinement step on a lucky
+structure looks good because the structure is good, not because the step was.
+
+Difference-in-differences compares like with like. With ``y_t`` the trial's score (larger is
+better), ``y*`` the incumbent's score when the trial started, and ``c(t)`` a *control*: the
+trial that shares with ``t`` the factor ``t``'s arm did not change::
+
+    naive(t) = y_t - y*
+    did(t)   = (y_t - y*) - (y_c(t) - y*)  =  y_t - y_c(t)
+
+* explore or neighbour, new structure (stage 0 of its tuning): the control is the incumbent
+  structure at stage 0, i.e. its first evaluation. The second difference ``y_c - y*``
+  removes the tuning gain the incumbent has had and the new structure has not.
+* refine (dense knobs moved, structure kept), or explore landing on a known structure: the
+  control is that structure's best earlier score: the step is credited only with what it
+  added to its own structure.
+
+The bandit is after improvements (a search is judged by its best value), so the reward is the
+*gain* over the control, scaled and squashed::
+
+    reward(t) = tanh(max(did(t) - noise, 0) / (IMPROVEMENT_SCALE * s))
+
+with ``s`` the inter-decile spread of the scores seen so far (a gain of a tenth of the spread
+earns ~0.76) and ``noise`` the measurement noise (the pooled standard deviation of repeated
+measurements of one config, 0 while there are none): a "gain" a re-measurement would give by
+luck earns nothing, or a noisy objective would make every arm look productive. A trial that
+ended FAIL scores ``FAILURE_REWARD`` for the arm that proposed it.
+
+:func:`structure_potential` uses the same two differences to pick which structure the refine
+arm works on: a structure's best score plus the tuning gain the incumbent structure has had
+beyond it, so a structure that beat the incumbent at a comparable stage gets refined too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+FAILURE_REWARD = -0.02
+IMPROVEMENT_SCALE = 0.1
+
+
+@dataclass(frozen=True)
+class ArmOutcome:
+    """One finished trial as the reward estimator sees it.
+
+    Attributes:
+        arm: ``"startup"``, ``"explore"``, ``"neighbour"`` or ``"refine"``.
+        structure: A hashable key of the trial's structural params.
+        score: Oriented score (larger is better); None for a failed trial.
+    """
+
+    arm: str
+    structure: Hashable
+    score: float | None
+
+
+def score_scale(scores: Sequence[float]) -> float:
+    """Robust spread of the scores: inter-decile range, never zero."""
+    values = np.asarray([s for s in scores if s is not None and math.isfinite(s)], dtype=float)
+    if values.size < 2:
+        return 1.0
+    low, high = np.quantile(values, [0.1, 0.9])
+    spread = float(high - low)
+    if spread <= 0.0:
+        spread = float(np.max(np.abs(values))) * 1e-3
+    return spread if spread > 0.0 else 1.0
+
+
+class Ledger:
+    """First and best score per structure, and the incumbent, as trials arrive in order."""
+
+    def __init__(self) -> None:
+        self.first: dict[Hashable, float] = {}
+        self.best: dict[Hashable, float] = {}
+        self.incumbent: Hashable | None = None
+
+    def add(self, outcome: ArmOutcome) -> None:
+        if outcome.score is None:
+            return
+        s = outcome.structure
+        self.first.setdefault(s, outcome.score)
+        if s not in self.best or outcome.score > self.best[s]:
+            self.best[s] = outcome.score
+        if self.incumbent is None or self.best[s] > self.best[self.incumbent]:
+            self.incumbent = s
+
+    def gain(self, outcome: ArmOutcome, estimator: str) -> float | None:
+        """``y_t - y_c`` before ``outcome`` is added (0 with no control; None if it failed)."""
+        if outcome.score is None:
+            return None
+        control = self.control(outcome, estimator)
+        return 0.0 if control is None else outcome.score - control
+
+    def control(self, outcome: ArmOutcome, estimator: str) -> float | None:
+        if self.incumbent is None:
+            return None
+        if estimator == "naive":
+            return self.best[self.incumbent]
+        if outcome.structure in self.best:
+            return self.best[outcome.structure]
+        if outcome.arm != "refine":  # explore or neighbour: a new structure, at its stage 0
+            return self.first[self.incumbent]
+        return self.best[self.incumbent]
+
+
+def arm_rewards(
+    outcomes: Sequence[ArmOutcome], *, estimator: str = "did", noise: float = 0.0
+) -> list[float | None]:
+    """Reward of each outcome, in order (None for start-up trials, which no arm chose).
+
+    Args:
+        outcomes: Finished trials, oldest first.
+        estimator: ``"did"`` (difference-in-differences, see module doc) or ``"naive"``
+            (gain over the incumbent at the time).
+        noise: Measurement noise (standard deviation, score units) a gain must exceed.
+    """
+    _check_estimator(estimator)
+    scale = score_scale([o.score for o in outcomes if o.score is not None])
+    ledger = Ledger()
+    rewards: list[float | None] = []
+    for outcome in outcomes:
+        reward: float | None = None
+        if outcome.arm != "startup":
+            reward = reward_of(ledger.gain(outcome, estimator), scale=scale, noise=noise)
+        rewards.append(reward)
+        ledger.add(outcome)
+    return rewards
+
+
+def reward_of(gain: float | None, *, scale: float, noise: float) -> float:
+    """Reward of a raw gain ``did(t)`` (None for a failed trial); see the module doc."""
+    if gain is None:
+        return FAILURE_REWARD
+    return math.tanh(max(gain - noise, 0.0) / (IMPROVEMENT_SCALE * scale))
+
+
+def pooled_noise(groups: Sequence[Sequence[float]]) -> float:
+    """Pooled standard deviation of repeated measurements (groups of one config); 0 if none."""
+    squares, dof = 0.0, 0
+    for values in groups:
+        if len(values) >= 2:
+            array = np.asarray(values, dtype=float)
+            squares += float(((array - array.mean()) ** 2).sum())
+            dof += len(values) - 1
+    return math.sqrt(squares / dof) if dof else 0.0
+
+
+def structure_potential(
+    outcomes: Sequence[ArmOutcome], *, estimator: str = "did", noise: float = 0.0
+) -> dict[Hashable, float]:
+    """What each structure would score at the incumbent structure's stage of tuning.
+
+    ``potential(s) = best(s) + max(0, gain(s*) - gain(s) - 2 * noise)`` where ``gain(s) =
+    best(s) - first(s)`` is the tuning gain a structure has had and ``s*`` the incumbent
+    structure, so ``potential(s*) = best(s*)``. A best of many noisy measurements is inflated
+    by luck (about two standard deviations after a few dozen), hence the noise allowance.
+    With ``estimator="naive"`` the potential is the best score.
+    """
+    _check_estimator(estimator)
+    ledger = Ledger()
+    for outcome in outcomes:
+        ledger.add(outcome)
+    return potential_from(ledger, estimator=estimator, noise=noise)
+
+
+def potential_from(ledger: Ledger, *, estimator: str, noise: float) -> dict[Hashable, float]:
+    """:func:`structure_potential` of the outcomes a ledger has seen."""
+    if estimator == "naive" or ledger.incumbent is None:
+        return dict(ledger.best)
+    top = ledger.incumbent
+    top_gain = ledger.best[top] - ledger.first[top]
+    return {
+        s: best + max(0.0, top_gain - (best - ledger.first[s]) - 2.0 * noise)
+        for s, best in ledger.best.items()
+    }
+
+
+def _check_estimator(estimator: str) -> None:
+    if estimator not in ("did", "naive"):
+        raise ValueError(f"estimator must be 'did' or 'naive', got {estimator!r}")

@@ -1,0 +1,193 @@
+"""From trials to what the orchestrator needs: space, incumbent, plan, bandit evidence.
+
+Works on :class:`~autoscout_optuna.samplers._autoscout.reader.Seen` lists only (no
+``Study``), so every rule here is testable with hand-made histories.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from optuna.distributions import BaseDistribution
+
+from autoscout_optuna._space import discrete_values, is_structural
+from autoscout_optuna.samplers._autoscout.bandit import Pull
+from autoscout_optuna.samplers._autoscout.did import potential_from, reward_of, score_scale
+from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
+from autoscout_optuna.samplers._autoscout.startup import infer_conditions, least_covered
+
+ARMED = ("explore", "neighbour", "refine")
+WINDOW = 200
+RECENT = 20
+
+
+@dataclass(frozen=True)
+class ObservedSpace:
+    """Every param seen so far with its latest distribution, split structural / dense."""
+
+    distributions: dict[str, BaseDistribution] = field(default_factory=dict)
+    structural: tuple[str, ...] = ()
+    dense: tuple[str, ...] = ()
+
+
+def observed_space(history: Sequence[Seen], digest: StudyDigest) -> ObservedSpace:
+    distributions = dict(digest.distributions)
+    for obs in history:
+        if obs.kind == "pending":
+            distributions.update(obs.distributions)
+    structural = tuple(n for n, d in distributions.items() if is_structural(d))
+    dense = tuple(n for n, d in distributions.items() if not is_structural(d))
+    return ObservedSpace(distributions, structural, dense)
+
+
+def structure_of(obs: Seen, space: ObservedSpace) -> dict[str, Any]:
+    return {n: obs.params[n] for n in space.structural if n in obs.params}
+
+
+def untried_neighbours(
+    history: Sequence[Seen], space: ObservedSpace, best: Seen
+) -> list[tuple[str, Any]]:
+    """``(param, value)`` changes of one structural param of ``best`` no trial has made yet.
+
+    A neighbour counts as tried when some trial agrees with ``best`` on every other structural
+    param ``best`` has and takes ``value`` there (failed and running trials count too).
+    """
+    base = structure_of(best, space)
+    tried: set[tuple[str, str]] = set()
+    for obs in history:
+        diff = [n for n in base if n in obs.params and obs.params[n] != base[n]]
+        same = all(n in obs.params for n in base)
+        if len(diff) == 1 and (same or obs.kind == "failed"):
+            tried.add((diff[0], repr(obs.params[diff[0]])))
+    moves = []
+    for name, current in base.items():
+        for value in discrete_values(space.distributions[name]):
+            if value != current and (name, repr(value)) not in tried:
+                moves.append((name, value))
+    return moves
+
+
+def rank_moves(
+    history: Sequence[Seen], moves: Sequence[tuple[str, Any]]
+) -> list[tuple[str, Any]]:
+    """Moves best first by how trials with that value did anywhere in the study.
+
+    Each value scores the mean of its trials' score ranks in [0, 1] (a FAIL counts -0.5), with
+    one pseudo-trial at 0.5 so an unseen value is neither favoured nor shunned.
+    """
+    scored = sorted(o.score for o in history if o.score is not None)
+    def rank(obs: Seen) -> float:
+        if obs.kind == "failed" or obs.score is None:
+            return -0.5
+        return float(np.searchsorted(scored, obs.score)) / max(len(scored) - 1, 1)
+    def merit(move: tuple[str, Any]) -> float:
+        name, value = move
+        values = [
+            rank(o) for o in history
+            if o.kind != "pending" and o.params.get(name, _NONE) == value
+        ]
+        return (0.5 + sum(values)) / (1 + len(values))
+    return sorted(moves, key=merit, reverse=True)
+
+
+_NONE = object()
+
+
+def make_plan(
+    history: Sequence[Seen],
+    digest: StudyDigest,
+    space: ObservedSpace,
+    best: Seen | None,
+    *,
+    startup: bool,
+    rng: np.random.Generator,
+    move: tuple[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The plan :class:`TransplantSampler` plays back (see its module doc for the rules).
+
+    With ``move``, the structure is the incumbent's with that one change (neighbour arm).
+    """
+    values: dict[str, Any] = {}
+    # Start-up keeps dense knobs shared while it still meets structural values for the first
+    # time (a fair comparison of structures); once every value was seen, or with no structure
+    # at all, repeating the same dense values would only repeat trials, so they are random.
+    dense_random = startup and bool(history) and _all_values_seen(history, space)
+    if not dense_random:
+        for name in space.dense:
+            donor = best if best is not None and name in best.params else None
+            donor = donor or digest.best_having(name)
+            if donor is not None:
+                values[name] = donor.params[name]
+    if startup:
+        for name in space.structural:
+            seen = [o.params[name] for o in history if name in o.params]
+            values[name] = least_covered(discrete_values(space.distributions[name]), seen, rng)
+    if move is not None and best is not None:
+        values.update(structure_of(best, space))
+        values[move[0]] = move[1]
+    return {"values": values, "unseen_dense": "random" if dense_random else "centre"}
+
+
+def _all_values_seen(history: Sequence[Seen], space: ObservedSpace) -> bool:
+    for name in space.structural:
+        seen = {repr(o.params[name]) for o in history if name in o.params}
+        if any(repr(v) not in seen for v in discrete_values(space.distributions[name])):
+            return False
+    return True
+
+
+def conditions(history: Sequence[Seen], space: ObservedSpace) -> dict[str, Any]:
+    return infer_conditions([o.params for o in history], space.structural)
+
+
+def bandit_evidence(
+    history: Sequence[Seen], digest: StudyDigest, *, reward: str, estimate_weight: float,
+    window: int = WINDOW,
+) -> tuple[list[Pull], dict[str, int], list[str]]:
+    """Rewards per arm (newest first, aged), pending counts per arm, arms of recent trials.
+
+    Only the last ``window`` finished trials are turned into rewards: with the bandit's
+    discount, older ones weigh nothing (0.95 ** 200 < 1e-4), and this keeps a trial O(window).
+    """
+    scale = score_scale(digest.scores)
+    noise = digest.noise()
+    pulls = []
+    age = 0
+    for obs in reversed(history):
+        if obs.kind == "pending":
+            continue
+        if obs.arm in ARMED:
+            weight = estimate_weight if obs.kind == "estimate" else 1.0
+            gain = obs.gains.get(reward)
+            pulls.append(Pull(obs.arm, reward_of(gain, scale=scale, noise=noise), weight, age))
+        age += 1
+        if age >= window:
+            break
+    pending: dict[str, int] = {}
+    for obs in history:
+        if obs.kind == "pending" and obs.arm in ARMED:
+            pending[obs.arm] = pending.get(obs.arm, 0) + 1
+    recent = [o.arm for o in history[-3 * RECENT:] if o.arm in ARMED][-RECENT:]
+    return pulls, pending, recent
+
+
+def refine_target(
+    digest: StudyDigest, space: ObservedSpace, *, estimator: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The structure the refine arm works on, and why (see ``did.structure_potential``)."""
+    potential = potential_from(digest.ledger, estimator=estimator, noise=digest.noise())
+    top_key = digest.ledger.incumbent
+    key = max(potential, key=lambda k: (potential[k], k == top_key))
+    why = {
+        "incumbent_structure": key == top_key,
+        "potential": round(potential[key], 6),
+        "incumbent_best": round(potential.get(top_key, float("nan")), 6),
+    }
+    return structure_of(digest.examples[key], space), why
+
+
+def _arm(obs: Seen) -> str:
+    return obs.arm

@@ -1,0 +1,164 @@
+"""The study's trials as the orchestrator reads them, with per-trial keys memoized.
+
+Reading and classifying every trial on every ``before_trial`` is O(n) Python work per trial; at
+thousands of trials that alone would blow the per-trial budget. Finished trials never change, so
+their :class:`Seen` records are memoized (keyed by study name and trial number, checked against
+the start time so a recreated study is not confused with an old one). The memo is a cache, not
+state: it is dropped on pickling and rebuilt from storage on demand.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial
+
+from autoscout_optuna import _keys
+from autoscout_optuna._history import Kind, Observation, observation_of
+from autoscout_optuna._space import is_structural
+from autoscout_optuna._storage import get_trials
+from autoscout_optuna.samplers._autoscout.did import ArmOutcome, Ledger, pooled_noise
+
+
+@dataclass(frozen=True, eq=False)
+class Seen:
+    """A trial as evidence (see :class:`~autoscout_optuna._history.Observation` for the
+    fields), plus the keys the orchestrator groups trials by: ``structure`` (its structural
+    params), ``config`` (all its params) and ``arm``; ``gains`` is the raw difference to its
+    control per estimator (:mod:`~autoscout_optuna.samplers._autoscout.did`), None for a failed
+    trial, computed once when the trial is first read finished.
+    """
+
+    number: int
+    params: Mapping[str, Any]
+    distributions: Mapping[str, BaseDistribution]
+    kind: Kind
+    score: float | None
+    user_attrs: Mapping[str, Any]
+    structure: tuple[tuple[str, str], ...]
+    config: tuple[tuple[str, str], ...]
+    arm: str
+    gains: Mapping[str, float | None] = field(default_factory=dict)
+
+
+def seen_of(obs: Observation, gains: Mapping[str, float | None] | None = None) -> Seen:
+    structural = sorted(n for n in obs.params if is_structural(obs.distributions[n]))
+    arm = obs.user_attrs.get(_keys.ARM)
+    return Seen(
+        number=obs.number, params=obs.params, distributions=obs.distributions, kind=obs.kind,
+        score=obs.score, user_attrs=obs.user_attrs,
+        structure=tuple((n, repr(obs.params[n])) for n in structural),
+        config=tuple(sorted((n, repr(v)) for n, v in obs.params.items())),
+        arm=arm if isinstance(arm, str) else "startup",
+        gains=dict(gains or {}),
+    )
+
+
+class StudyDigest:
+    """What the finished trials add up to, updated one trial at a time.
+
+    Attributes:
+        ledger: First/best score per structure and the incumbent structure (DiD controls).
+        examples: One trial per structure key (to recover its param values).
+        scores: Every finished trial's score (real or estimate).
+        repeats: Real scores grouped by config (measurement noise).
+    """
+
+    def __init__(self) -> None:
+        self.ledger = Ledger()
+        self.examples: dict[Hashable, Seen] = {}
+        self.scores: list[float] = []
+        self.repeats: dict[tuple[tuple[str, str], ...], list[float]] = {}
+        self.distributions: dict[str, BaseDistribution] = {}
+        self.best: dict[str, Seen] = {}  # kind ("real"/"estimate") -> best trial of that kind
+        self.best_with: dict[tuple[str, str], Seen] = {}  # (kind, param) -> best trial having it
+        self._noise: float | None = None
+
+    def add(self, seen: Seen) -> dict[str, float | None]:
+        """Record a finished trial; returns its gains, computed before it joins the ledger."""
+        outcome = ArmOutcome(seen.arm, seen.structure, seen.score)
+        gains = {e: self.ledger.gain(outcome, e) for e in ("did", "naive")}
+        self.ledger.add(outcome)
+        if seen.score is not None:
+            self.scores.append(seen.score)
+            self.examples.setdefault(seen.structure, seen)
+        if seen.kind == "real":
+            self.repeats.setdefault(seen.config, []).append(seen.score)
+            self._noise = None
+        self.distributions.update(seen.distributions)
+        if seen.score is not None:
+            if _beats(seen, self.best.get(seen.kind)):
+                self.best[seen.kind] = seen
+            for name in seen.params:
+                if _beats(seen, self.best_with.get((seen.kind, name))):
+                    self.best_with[(seen.kind, name)] = seen
+        return gains
+
+    def incumbent(self) -> Seen | None:
+        """Best real trial; the best estimate while no real value exists."""
+        return self.best.get("real") or self.best.get("estimate")
+
+    def best_having(self, name: str) -> Seen | None:
+        return self.best_with.get(("real", name)) or self.best_with.get(("estimate", name))
+
+    def noise(self) -> float:
+        """Pooled standard deviation of repeated real measurements (recomputed on change)."""
+        if self._noise is None:
+            self._noise = pooled_noise([v for v in self.repeats.values() if len(v) > 1])
+        return self._noise
+
+
+def _beats(seen: Seen, other: Seen | None) -> bool:
+    return other is None or (seen.score, -seen.number) > (other.score, -other.number)
+
+
+class HistoryReader:
+    """Reads a study into :class:`Seen` records, oldest first, memoizing finished trials and
+    keeping a :class:`StudyDigest` of them per study."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str, int], tuple[Any, Seen]] = {}
+        self._digests: dict[str, StudyDigest] = {}
+        self._lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (HistoryReader, ())
+
+    def read(
+        self, study: optuna.Study, exclude: FrozenTrial | None = None
+    ) -> tuple[list[Seen], StudyDigest]:
+        with self._lock:
+            return self._read(study, exclude)
+
+    def _read(
+        self, study: optuna.Study, exclude: FrozenTrial | None
+    ) -> tuple[list[Seen], StudyDigest]:
+        direction = study.direction
+        skip = None if exclude is None else exclude.number
+        name = study.study_name
+        digest = self._digests.setdefault(name, StudyDigest())
+        history: list[Seen] = []
+        for trial in get_trials(study):
+            if trial.number == skip:
+                continue
+            key = (name, trial.number)
+            hit = self._memo.get(key)
+            if hit is not None:
+                if hit[0] == trial.datetime_start:
+                    history.append(hit[1])
+                    continue
+                # A study recreated under the same name: forget everything about the old one.
+                self._memo = {k: v for k, v in self._memo.items() if k[0] != name}
+                digest = self._digests[name] = StudyDigest()
+                return self._read(study, exclude)
+            seen = seen_of(observation_of(trial, direction))
+            if trial.state.is_finished():
+                seen = seen_of(observation_of(trial, direction), digest.add(seen))
+                self._memo[key] = (trial.datetime_start, seen)
+            history.append(seen)
+        return history, digest

@@ -1,0 +1,190 @@
+"""What coordinate descent knows: the evidence rows, the center, the noise and step sizes.
+
+Pure numpy, no Optuna. ``search.plan_move`` turns this into a decision; ``moves`` holds the
+line search, wall and restart geometry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+REAL, ESTIMATE, FAILED, PENDING = 0, 1, 2, 3
+RULES = ("cyclic", "random", "sensitivity")
+_SAME = 1e-6  # unit-cube distance below which two coordinates are the same value
+RECENT_REPEATS = 4  # repeated points the noise estimate pools (the most recent ones)
+MAX_LINE_STEPS = 6  # moves along one line through one center before it counts as resolved
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Trials of one structure, one row each, oldest first.
+
+    Attributes:
+        points: ``(n, d)`` unit-cube coordinates (every row has all ``d`` coordinates).
+        scores: ``(n,)`` values oriented so that larger is better; NaN for failed/pending rows.
+        kinds: ``(n,)`` one of ``REAL``, ``ESTIMATE``, ``FAILED``, ``PENDING``.
+        moved: ``(n,)`` coordinate index each row's trial moved, -1 for none.
+        centers: ``(n,)`` row index of the center that trial moved from, -1 for none.
+        restarts: ``(n,)`` True for rows proposed as restarts.
+    """
+
+    points: np.ndarray
+    scores: np.ndarray
+    kinds: np.ndarray
+    moved: np.ndarray
+    centers: np.ndarray
+    restarts: np.ndarray
+
+
+@dataclass(frozen=True)
+class Move:
+    """The decision for one trial.
+
+    Attributes:
+        phase: ``"startup"``, ``"confirm"``, ``"probe"``, ``"step"``, ``"slide"`` or
+            ``"restart"``.
+        point: ``(d,)`` unit-cube point to evaluate.
+        coordinate: Index of the coordinate moved, -1 if none (or all, for a restart).
+        step: Signed distance moved along ``coordinate`` in the unit cube.
+        slope: Estimated score change per unit along ``coordinate`` at the center, or None.
+        center: Row index of the center, -1 without one.
+        noise: Estimated measurement noise (standard deviation), None until known.
+    """
+
+    phase: str
+    point: np.ndarray
+    coordinate: int = -1
+    step: float = 0.0
+    slope: float | None = None
+    center: int = -1
+    noise: float | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Knobs of the rule (validated by the sampler's constructor)."""
+
+    rule: str = "sensitivity"
+    initial_step: float = 0.25
+    min_step: float = 1e-3
+    confidence: float = 2.0
+    wall_radius: float = 0.02
+    restart_radius: float = 1.0
+    resolve_fraction: float = 0.02
+
+
+Snap = Callable[[int, float], float]
+
+
+def margin_of(noise: float | None, settings: Settings) -> float:
+    """Score differences below this are ties: ``confidence`` times the noise."""
+    return 0.0 if noise is None else settings.confidence * noise
+
+
+def point_mean(evidence: Evidence, row: int) -> float:
+    """Mean of the real measurements taken at exactly the point of ``row``."""
+    same = _same_point_rows(evidence, row)
+    return float(np.mean(evidence.scores[same]))
+
+
+def choose_center(evidence: Evidence, confidence: float) -> tuple[int, int, float | None]:
+    """(center row, best-mean row, noise sigma) among the real rows.
+
+    The center maximizes the lower confidence bound. Until two repeated measurements give a noise
+    estimate, a point measured once is trusted only when nothing else was measured.
+    """
+    real = np.flatnonzero(evidence.kinds == REAL)
+    _, first, inverse = np.unique(
+        np.round(evidence.points[real], 9), axis=0, return_index=True, return_inverse=True
+    )
+    inverse = inverse.ravel()
+    scores = evidence.scores[real]
+    counts = np.bincount(inverse)
+    means = np.bincount(inverse, weights=scores) / counts
+    rows = real[first]
+    pooled = _recent_noise(scores, means, counts, inverse)
+    noise = None
+    if pooled is not None:
+        # Noise in absolute terms, or relative to the value (measurements such as throughput
+        # are noisy in percent): whichever says less at the level of the best point.
+        noise = min(pooled[0], pooled[1] * abs(float(np.max(means))))
+    top = int(np.argmax(means))
+    if noise is None:
+        repeated = counts >= 2
+        if repeated.any():
+            center = int(np.flatnonzero(repeated)[np.argmax(means[repeated])])
+        else:
+            center = int(np.argmin(first))  # no repeat yet: the first point stands
+    else:
+        center = int(np.argmax(means - confidence * noise / np.sqrt(counts)))
+    # Only a point measured once is worth re-measuring; beyond that trust the bound.
+    if counts[top] >= 2:
+        top = center
+    return int(rows[center]), int(rows[top]), noise
+
+
+def _recent_noise(
+    scores: np.ndarray, means: np.ndarray, counts: np.ndarray, inverse: np.ndarray
+) -> tuple[float, float] | None:
+    """(absolute, relative) pooled noise of the most recently repeated points; None below 2 dof.
+
+    Recent, because noise often scales with the value: the repeats made near the current center
+    say more about its noise than those made far away at the start.
+    """
+    repeated = np.flatnonzero(counts >= 2)
+    if repeated.size == 0:
+        return None
+    last_row = np.zeros(len(counts), dtype=int)
+    np.maximum.at(last_row, inverse, np.arange(len(inverse)))
+    recent = repeated[np.argsort(-last_row[repeated])][:RECENT_REPEATS]
+    members = np.isin(inverse, recent)
+    dof = int(np.sum(counts[recent] - 1))
+    if dof < 2:
+        return None
+    residuals = scores[members] - means[inverse[members]]
+    levels = np.maximum(np.abs(means[inverse[members]]), 1e-300)
+    return (float(np.sqrt(np.sum(residuals**2) / dof)),
+            float(np.sqrt(np.sum((residuals / levels) ** 2) / dof)))
+
+
+def sensitivities(evidence: Evidence) -> np.ndarray:
+    """Per coordinate, the largest score change a move along it produced (NaN: never moved)."""
+    d = evidence.points.shape[1]
+    out = np.full(d, np.nan)
+    ok = (evidence.kinds == REAL) & (evidence.moved >= 0) & (evidence.centers >= 0)
+    for row in np.flatnonzero(ok):
+        change = abs(evidence.scores[row] - evidence.scores[evidence.centers[row]])
+        i = evidence.moved[row]
+        if np.isfinite(change):
+            out[i] = change if np.isnan(out[i]) else max(out[i], change)
+    return out
+
+
+def step_size(evidence: Evidence, settings: Settings, i: int, margin: float = 0.0) -> float:
+    """From the last move along ``i``: double after a success, keep after a tie (a flat
+    coordinate is explored widely by restarts), halve after a miss or a failure."""
+    rows = np.flatnonzero((evidence.moved == i) & (evidence.centers >= 0))
+    if rows.size == 0:
+        return settings.initial_step
+    row = rows[-1]
+    center = evidence.centers[row]
+    distance = abs(evidence.points[row, i] - evidence.points[center, i])
+    kind = evidence.kinds[row]
+    change = evidence.scores[row] - evidence.scores[center]
+    if kind == REAL and change > margin:
+        distance *= 2.0
+    elif kind == FAILED or (kind == REAL and change < -margin):
+        distance *= 0.5
+    return float(np.clip(distance, settings.min_step, 0.5))
+
+
+def _is_taken(point: np.ndarray, others: np.ndarray) -> bool:
+    return bool(others.size) and bool(np.any(np.all(np.abs(others - point) <= _SAME, axis=1)))
+
+
+def _same_point_rows(evidence: Evidence, row: int) -> np.ndarray:
+    same = np.all(np.abs(evidence.points - evidence.points[row]) <= _SAME, axis=1)
+    return same & (evidence.kinds == REAL)

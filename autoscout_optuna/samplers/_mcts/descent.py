@@ -1,0 +1,205 @@
+"""Pure descent of the tree: one planned path per trial, top level first.
+
+Each level's child is chosen by the UCT rule of ``tree.py`` at the node the path has reached;
+children that would repeat a failed trial's decisions are avoided, and a path that repeats an
+evaluated configuration is revised at its deepest levels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoscout_optuna.samplers._mcts.tree import (
+    ABSENT,
+    ChildScores,
+    child_scores,
+    narrow,
+    node_rows,
+    pick,
+    value_statistics,
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One planned decision: param ``column`` takes value ``code``; its UCT numbers."""
+
+    column: int
+    code: int
+    score: float
+    value: float
+    visits: float
+
+
+@dataclass(frozen=True)
+class TreePolicy:
+    """The constants of the tree policy (see :func:`child_scores`)."""
+
+    exploration: float = 0.3
+    rave_equivalence: float = 3.0
+    rave_visit_share: float = 0.1
+    max_backtracks: int = 8
+    max_backup: float = 0.0
+
+
+def plan_path(
+    codes: np.ndarray,
+    n_values: Sequence[int],
+    rewards: np.ndarray,
+    weights: np.ndarray,
+    order: Sequence[int],
+    inactive_under: dict[int, dict[int, frozenset[int]]],
+    rng: np.random.Generator,
+    policy: TreePolicy = TreePolicy(),
+    failed: np.ndarray | None = None,
+) -> list[Step]:
+    """Descend the tree level by level in ``order``, choosing each child by UCT.
+
+    Args:
+        codes: History table (see the module docstring).
+        n_values: Number of values of each column.
+        rewards: Normalized rewards per row.
+        weights: Weights per row (failed and pending rows included).
+        order: Columns, top level first (a dependency-respecting order).
+        inactive_under: ``{child: {parent: codes}}``: the child is skipped when its parent was
+            planned to one of these codes (history shows the child is not asked there).
+        rng: Tie-breaking.
+        policy: UCT constants.
+        failed: Boolean mask of failed rows: a child that would repeat all the decisions of
+            one of them is avoided while another child is left (see ``_DeadEnds``).
+
+    Returns:
+        The planned steps, top level first. If the path repeats a configuration already in the
+        history, the deepest decisions are revised (best other child, then down again greedily)
+        so a trial is not spent on a known point; at most ``policy.max_backtracks`` revisions.
+    """
+    stats: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # per-column global statistics
+    steps = _descend(
+        codes, n_values, rewards, weights, order, inactive_under, rng, policy, [], stats, failed
+    )
+    if not _is_duplicate(codes, steps):
+        return steps
+    budget = policy.max_backtracks
+    for level in range(len(steps) - 1, -1, -1):
+        head = steps[:level]
+        scores = _scores_at(
+            codes, n_values, rewards, weights, head, steps[level].column, policy, stats
+        )
+        tried = np.zeros(n_values[steps[level].column], dtype=bool)
+        tried[steps[level].code] = True
+        while budget > 0 and not tried.all():
+            budget -= 1
+            alt = pick(scores.score, rng, allowed=~tried)
+            tried[alt] = True
+            first = Step(
+                steps[level].column, alt, float(scores.score[alt]), float(scores.value[alt]),
+                float(scores.visits[alt]),
+            )
+            candidate = head + [first]
+            candidate += _descend(
+                codes, n_values, rewards, weights, order, inactive_under, rng, policy,
+                candidate, stats, failed,
+            )
+            if not _is_duplicate(codes, candidate):
+                return candidate
+        if budget <= 0:
+            break
+    return steps
+
+
+def _scores_at(codes, n_values, rewards, weights, head, column, policy, stats) -> ChildScores:
+    rows = node_rows(codes, {s.column: s.code for s in head})
+    return _child_scores(codes, n_values, rewards, weights, rows, column, policy, stats)
+
+
+def _child_scores(codes, n_values, rewards, weights, rows, column, policy, stats):
+    if column not in stats:
+        stats[column] = value_statistics(
+            codes, column, n_values[column], rewards, weights, with_best=policy.max_backup > 0
+        )
+    return child_scores(
+        codes, column, n_values[column], rewards, weights, rows,
+        exploration=policy.exploration, rave_equivalence=policy.rave_equivalence,
+        rave_visit_share=policy.rave_visit_share, global_stats=stats[column],
+        max_backup=policy.max_backup,
+    )
+
+
+def _descend(
+    codes, n_values, rewards, weights, order, inactive_under, rng, policy, head, stats, failed
+):
+    decided = {s.column: s.code for s in head}
+    rows = node_rows(codes, decided)
+    dead_ends = _DeadEnds(codes[failed] if failed is not None else codes[:0], decided)
+    steps: list[Step] = []
+    for column in order:
+        if column in decided or _inactive(column, decided, inactive_under):
+            continue
+        scores = _child_scores(codes, n_values, rewards, weights, rows, column, policy, stats)
+        code = pick(scores.score, rng, dead_ends.allowed(column, n_values[column]))
+        dead_ends.decide(column, code)
+        steps.append(
+            Step(column, code, float(scores.score[code]), float(scores.value[code]),
+                 float(scores.visits[code]))
+        )
+        decided[column] = code
+        rows = narrow(codes, rows, column, code)
+    return steps
+
+
+class _DeadEnds:
+    """Children that would complete the decisions of a failed trial.
+
+    A trial that failed after asking params P with values V (an invalid layout is found as
+    soon as its last offending choice is made) says the prefix V fails: a child that would make
+    the path contain all of V is not taken while another child is left. Tracked incrementally:
+    for each failed row, how many of its decisions the path has not matched yet.
+    """
+
+    def __init__(self, failed_codes: np.ndarray, decided: dict[int, int]) -> None:
+        self._codes = failed_codes
+        self._left = (failed_codes != ABSENT).sum(axis=1).astype(float)
+        for column, code in decided.items():
+            self.decide(column, code)
+
+    def decide(self, column: int, code: int) -> None:
+        if len(self._codes) == 0:
+            return
+        col = self._codes[:, column]
+        self._left[col == code] -= 1
+        self._left[(col != code) & (col != ABSENT)] = np.inf
+
+    def allowed(self, column: int, n_values: int) -> np.ndarray | None:
+        if len(self._codes) == 0:
+            return None
+        last = self._codes[self._left == 1, column]
+        last = last[last >= 0]
+        if last.size == 0:
+            return None
+        allowed = np.ones(n_values, dtype=bool)
+        allowed[last] = False
+        return allowed if allowed.any() else None
+
+
+def _inactive(column: int, decided: dict[int, int], inactive_under) -> bool:
+    for parent, codes_ in inactive_under.get(column, {}).items():
+        if parent in decided and decided[parent] in codes_:
+            return True
+    return False
+
+
+def _is_duplicate(codes: np.ndarray, steps: Sequence[Step]) -> bool:
+    """Whether some row took exactly this path (and nothing else structural)."""
+    if len(codes) == 0:
+        return False
+    decided = {s.column: s.code for s in steps}
+    mask = np.ones(len(codes), dtype=bool)
+    for column in range(codes.shape[1]):
+        if column in decided:
+            mask &= codes[:, column] == decided[column]
+        else:
+            mask &= codes[:, column] < 0
+    return bool(mask.any())

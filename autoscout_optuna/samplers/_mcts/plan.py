@@ -1,0 +1,200 @@
+"""From the history table to the structural decisions of one trial (no Optuna objects here).
+
+A plan is made once per trial: rewards are normalized, dependencies learned, the tournament
+picks the level order, and the tree is descended in that order. Params the plan does not cover
+(new ones, or ones whose domain changed) are decided when the objective asks them, by the same
+UCT rule at the node the trial has actually reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from autoscout_optuna.samplers._mcts.descent import TreePolicy, plan_path
+from autoscout_optuna.samplers._mcts.encoding import Table, value_key
+from autoscout_optuna.samplers._mcts.tournament import (
+    Dependencies,
+    candidate_orders,
+    learn_dependencies,
+    run_tournament,
+    topological_order,
+)
+from autoscout_optuna.samplers._mcts.tree import (
+    ESTIMATE,
+    FAILED,
+    PENDING,
+    REAL,
+    child_scores,
+    node_rows,
+    normalize_rewards,
+    pick,
+)
+
+STARTUP, UCT, EXPLOIT = "startup", "uct", "exploit"
+
+
+@dataclass(frozen=True)
+class StructurePlan:
+    """The structural decisions MCTS takes for one trial.
+
+    Attributes:
+        values: ``{param: value}`` in tree order (the top level first).
+        order: Every known structural param in the level order the tournament chose.
+        scores: ``{param: {"uct", "value", "visits"}}`` of each chosen child (``uct`` is None
+            for an untried child, which is expanded first).
+        phase: ``"startup"`` (too little history for a tournament: ask order) or ``"uct"``.
+    """
+
+    values: dict[str, Any]
+    order: list[str]
+    scores: dict[str, dict[str, float | None]]
+    phase: str
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """Tuning constants of the planner (see ``MCTSSampler`` for their meaning)."""
+
+    policy: TreePolicy = field(default_factory=TreePolicy)
+    failure_reward: float = -0.5
+    estimate_weight: float = 0.5
+    n_orderings: int = 8
+    tournament_depth: int = 2
+    min_tournament_rows: int = 8
+    feature_prioritization: bool = True
+    exploit_probability: float = 0.4
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a plan was made from, kept to decide unplanned params the same way."""
+
+    table: Table
+    rewards: np.ndarray
+    weights: np.ndarray
+
+
+def gather_evidence(table: Table, settings: PlanSettings) -> Evidence:
+    rewards, weights = normalize_rewards(
+        table.scores, table.kinds, failure_reward=settings.failure_reward,
+        estimate_weight=settings.estimate_weight,
+    )
+    return Evidence(table, rewards, weights)
+
+
+def choose_order(
+    evidence: Evidence, rng: np.random.Generator, settings: PlanSettings
+) -> tuple[list[int], str, dict[int, dict[int, frozenset[int]]]]:
+    """The level order (column indices), the phase, and the learned inactivity map."""
+    table = evidence.table
+    n_columns = len(table.names)
+    dependencies = learn_dependencies_of(table)
+    finished = np.array([kind != PENDING for kind in table.kinds], dtype=bool)
+    startup = finished.sum() < settings.min_tournament_rows
+    if startup or n_columns <= 1 or not settings.feature_prioritization:
+        ask_order = topological_order(
+            n_columns, dependencies.must_follow, [-r for r in table.ask_rank]
+        )
+        return ask_order, STARTUP if startup else UCT, dependencies.inactive_under
+    codes = table.codes[finished]
+    rewards = evidence.rewards[finished]
+    weights = evidence.weights[finished]
+    previous = None
+    if table.previous_order:
+        previous = [c for c in map(table.column_of, table.previous_order) if c is not None]
+    candidates = candidate_orders(
+        codes, rewards, weights, dependencies, table.ask_rank, previous, rng,
+        settings.n_orderings,
+    )
+    winner, _ = run_tournament(
+        codes, rewards, weights, candidates, rng, depth=settings.tournament_depth
+    )
+    return candidates[winner], UCT, dependencies.inactive_under
+
+
+def learn_dependencies_of(table: Table) -> Dependencies:
+    """Dependencies from finished rows; failed rows count only where they skipped a param."""
+    finished = np.array([kind != PENDING for kind in table.kinds], dtype=bool)
+    complete = np.array([kind in (REAL, ESTIMATE) for kind in table.kinds], dtype=bool)
+    return learn_dependencies(
+        table.codes[finished], table.positions[finished], complete[finished]
+    )
+
+
+def make_plan(
+    evidence: Evidence,
+    rng_order: np.random.Generator,
+    rng_tree: np.random.Generator,
+    settings: PlanSettings,
+) -> StructurePlan:
+    """Choose the level order, then descend the tree in it."""
+    table = evidence.table
+    order, phase, inactive_under = choose_order(evidence, rng_order, settings)
+    policy = settings.policy
+    if phase == UCT and rng_order.random() < settings.exploit_probability:
+        # Follow the best result greedily; the duplicate rule then moves its deepest
+        # (least important) decisions: a local step next to the incumbent.
+        policy, phase = replace(policy, exploration=0.0, max_backup=1.0), EXPLOIT
+    steps = plan_path(
+        table.codes, [len(v) for v in table.values], evidence.rewards, evidence.weights,
+        order, inactive_under, rng_tree, policy,
+        failed=np.array([kind == FAILED for kind in table.kinds], dtype=bool),
+    )
+    values = {}
+    scores = {}
+    for step in steps:
+        name = table.names[step.column]
+        values[name] = table.values[step.column][step.code]
+        scores[name] = _score_record(step.score, step.value, step.visits)
+    return StructurePlan(
+        values=values, order=[table.names[c] for c in order], scores=scores, phase=phase
+    )
+
+
+def decide_unplanned(
+    evidence: Evidence,
+    name: str,
+    candidates: Sequence[Any],
+    taken: Mapping[str, Any],
+    rng: np.random.Generator,
+    policy: TreePolicy,
+) -> tuple[Any, dict[str, float | None]]:
+    """Choose a value of ``name`` among ``candidates`` by UCT at the node ``taken`` reached."""
+    table = evidence.table
+    column = table.column_of(name)
+    if column is None or len(table.codes) == 0:
+        index = int(rng.integers(len(candidates)))
+        return candidates[index], _score_record(np.inf, 0.0, 0.0)
+    decided = {}
+    for param, value in taken.items():
+        j = table.column_of(param)
+        if j is not None and j != column:
+            decided[j] = table.code_of(j, value)
+    rows = node_rows(table.codes, decided)
+    scores = child_scores(
+        table.codes, column, len(table.values[column]), evidence.rewards, evidence.weights,
+        rows, exploration=policy.exploration, rave_equivalence=policy.rave_equivalence,
+        rave_visit_share=policy.rave_visit_share, max_backup=policy.max_backup,
+    )
+    lookup = {value_key(v): i for i, v in enumerate(table.values[column])}
+    codes = [lookup.get(value_key(v), -1) for v in candidates]
+    candidate_scores = np.array([scores.score[c] if c >= 0 else np.inf for c in codes])
+    index = pick(candidate_scores, rng)
+    code = codes[index]
+    if code < 0:
+        return candidates[index], _score_record(np.inf, 0.0, 0.0)
+    return candidates[index], _score_record(
+        scores.score[code], scores.value[code], scores.visits[code]
+    )
+
+
+def _score_record(score: float, value: float, visits: float) -> dict[str, float | None]:
+    return {
+        "uct": float(score) if np.isfinite(score) else None,
+        "value": float(value),
+        "visits": float(visits),
+    }

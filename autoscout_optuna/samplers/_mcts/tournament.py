@@ -1,0 +1,252 @@
+"""Pure feature prioritization: which structural params go at the top of the tree.
+
+Dependencies are learned from the history table (see ``tree.py`` for its encoding): a
+conditional param (absent from some rows) must follow every param whose value decides whether
+it is asked, or, when no single such param explains it, every param always asked before it.
+Candidate orderings (the last winner, greedy by single-feature impact, the ask order, and
+randomized ones) all respect these constraints; a tournament on bootstrap resamples of the
+history eliminates the half that explains the least of the reward spread in their top levels,
+round after round, until one is left.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    """What the history says about conditional params.
+
+    Attributes:
+        must_follow: ``{child: parents}``: columns that must come before ``child``.
+        inactive_under: ``{child: {parent: codes}}``: parent values under which the child
+            was never asked (so a plan that picks them skips the child).
+    """
+
+    must_follow: dict[int, frozenset[int]]
+    inactive_under: dict[int, dict[int, frozenset[int]]]
+
+
+def learn_dependencies(
+    codes: np.ndarray, positions: np.ndarray, complete: np.ndarray | None = None
+) -> Dependencies:
+    """Infer parent constraints from which rows ask which params, and in which order.
+
+    Args:
+        codes: History table, ``ABSENT`` where a row did not ask the param.
+        positions: Same shape: the index of the param in the row's ask order (-1 if absent).
+        complete: Per row, whether it ran to the end (default: all). A failed trial stops
+            asking early: its missing params count as skipped only if it asked a param that
+            comes after them elsewhere, else the failure would make every param look
+            conditional.
+    """
+    n_rows, n_columns = codes.shape
+    complete = np.ones(n_rows, dtype=bool) if complete is None else np.asarray(complete)
+    asked = positions >= 0
+    must_follow: dict[int, frozenset[int]] = {}
+    inactive_under: dict[int, dict[int, frozenset[int]]] = {}
+    for child in range(n_columns):
+        present = asked[:, child]
+        if not present.any():
+            continue
+        later = ((positions > positions[:, child][:, None]) & present[:, None]).any(axis=0)
+        skipped = ~present & (complete | (asked[:, later]).any(axis=1))
+        if not skipped.any():
+            continue  # always asked where it could have been: free to move
+        # Ancestors: asked in every row that asks the child, and always before it.
+        always = asked[present].all(axis=0)
+        before = (positions[present] < positions[present, child][:, None]).all(axis=0)
+        always[child] = False
+        ancestors = np.flatnonzero(always & before).tolist()
+        deciding: dict[int, frozenset[int]] = {}
+        for parent in ancestors:
+            seen_without = set(codes[skipped & asked[:, parent], parent].tolist())
+            if seen_without and seen_without.isdisjoint(codes[present, parent].tolist()):
+                deciding[parent] = frozenset(seen_without)
+        if deciding:
+            must_follow[child] = frozenset(deciding)
+            inactive_under[child] = deciding
+        elif ancestors:
+            must_follow[child] = frozenset(ancestors)
+    return Dependencies(must_follow, inactive_under)
+
+
+def topological_order(
+    n_columns: int, must_follow: dict[int, frozenset[int]], priority: Sequence[float]
+) -> list[int]:
+    """The order that takes, at each level, the highest-priority column whose parents are placed.
+
+    Constraints learned from noisy data could in principle form a cycle; then the column with
+    the fewest unplaced parents goes next, so an order always exists.
+    """
+    waiting = {c: len(must_follow.get(c, ())) for c in range(n_columns)}
+    children: dict[int, list[int]] = {}
+    for child, parents in must_follow.items():
+        for parent in parents:
+            children.setdefault(parent, []).append(child)
+    ready = [(-priority[c], c) for c in range(n_columns) if waiting[c] == 0]
+    heapq.heapify(ready)
+    placed: list[int] = []
+    done: set[int] = set()
+    while len(placed) < n_columns:
+        if ready:
+            _, best = heapq.heappop(ready)
+        else:  # a cycle: take the column closest to ready
+            best = min(
+                (c for c in range(n_columns) if c not in done),
+                key=lambda c: (waiting[c], -priority[c], c),
+            )
+        if best in done:
+            continue
+        placed.append(best)
+        done.add(best)
+        for child in children.get(best, ()):
+            waiting[child] -= 1
+            if waiting[child] == 0 and child not in done:
+                heapq.heappush(ready, (-priority[child], child))
+    return placed
+
+
+def explained_spread(
+    codes: np.ndarray, rewards: np.ndarray, weights: np.ndarray, columns: Sequence[int]
+) -> float:
+    """Adjusted R^2 of the rewards grouped by the values of ``columns`` (absent is a value).
+
+    The adjustment charges each extra group, so a param with many values does not win by
+    splitting the rows finely by chance.
+    """
+    n = len(rewards)
+    if n < 3 or weights.sum() <= 0:
+        return 0.0
+    groups = group_ids(codes, columns)
+    k_max = int(groups.max()) + 1
+    mean = float(np.dot(weights, rewards) / weights.sum())
+    total = float(np.sum(weights * (rewards - mean) ** 2))
+    if total <= 1e-12:
+        return 0.0
+    w_group = np.bincount(groups, weights=weights, minlength=k_max)
+    s_group = np.bincount(groups, weights=weights * rewards, minlength=k_max)
+    nonzero = w_group > 0
+    k = int(np.count_nonzero(np.bincount(groups, minlength=k_max)))
+    between = float(np.sum(w_group[nonzero] * (s_group[nonzero] / w_group[nonzero] - mean) ** 2))
+    r2 = between / total
+    if n - k <= 0:
+        return -1.0
+    return 1.0 - (1.0 - r2) * (n - 1) / (n - k)
+
+
+def group_ids(codes: np.ndarray, columns: Sequence[int]) -> np.ndarray:
+    """A non-negative int per row, equal for rows with equal codes in ``columns``."""
+    n = len(codes)
+    if not columns:
+        return np.zeros(n, dtype=np.int64)
+    base = int(codes[:, list(columns)].max()) + 3  # codes start at OTHER = -2
+    if base ** len(columns) > 1_000_000:  # too many cells for a dense count: compress
+        _, inverse = np.unique(codes[:, list(columns)], axis=0, return_inverse=True)
+        return inverse.reshape(-1)
+    key = np.zeros(n, dtype=np.int64)
+    for column in columns:
+        key = key * base + (codes[:, column] + 2)
+    return key
+
+
+def ordering_score(
+    codes: np.ndarray, rewards: np.ndarray, weights: np.ndarray, order: Sequence[int],
+    depth: int, memo: dict[tuple[int, ...], float] | None = None,
+) -> float:
+    """Sum over the top 1..``depth`` levels of the spread they explain (top level counts most).
+
+    ``memo`` shares the spread of equal top levels between orderings scored on the same rows.
+    """
+    memo = {} if memo is None else memo
+    total = 0.0
+    for level in range(1, min(depth, len(order)) + 1):
+        top = tuple(order[:level])
+        if top not in memo:
+            memo[top] = explained_spread(codes, rewards, weights, top)
+        total += memo[top]
+    return total
+
+
+def candidate_orders(
+    codes: np.ndarray,
+    rewards: np.ndarray,
+    weights: np.ndarray,
+    dependencies: Dependencies,
+    ask_rank: Sequence[float],
+    previous: Sequence[int] | None,
+    rng: np.random.Generator,
+    n_candidates: int,
+) -> list[list[int]]:
+    """Distinct dependency-respecting orderings to enter the tournament.
+
+    The last winner (if any) comes first, so it keeps its place on ties; then the order of
+    single-feature impact, the order the objective asks, and randomized ones (impact plus noise,
+    and uniform shuffles) to keep trying alternatives.
+    """
+    n_columns = codes.shape[1]
+    follow = dependencies.must_follow
+    impact = np.array(
+        [explained_spread(codes, rewards, weights, [c]) for c in range(n_columns)]
+    )
+    orders: list[list[int]] = []
+
+    def add(priority: Sequence[float]) -> None:
+        order = topological_order(n_columns, follow, priority)
+        if order not in orders:
+            orders.append(order)
+
+    if previous:
+        rank = {c: i for i, c in enumerate(previous)}
+        add([-rank.get(c, n_columns + ask_rank[c]) for c in range(n_columns)])
+    add(impact)
+    add([-r for r in ask_rank])
+    spread = float(impact.std()) if n_columns > 1 else 0.0
+    attempts = 0
+    while len(orders) < n_candidates and attempts < 4 * n_candidates:
+        attempts += 1
+        if attempts % 2:
+            add(impact + rng.normal(0.0, max(spread, 1e-3), n_columns))
+        else:
+            add(rng.random(n_columns))
+    return orders[: max(n_candidates, 1)]
+
+
+def run_tournament(
+    codes: np.ndarray,
+    rewards: np.ndarray,
+    weights: np.ndarray,
+    candidates: Sequence[Sequence[int]],
+    rng: np.random.Generator,
+    depth: int = 2,
+) -> tuple[int, float]:
+    """Successive halving of ``candidates`` on bootstrap resamples of the rows.
+
+    Each round draws a fresh resample, scores the survivors with :func:`ordering_score` and
+    keeps the better half (ties keep the earlier candidate). A resample per round means an
+    ordering must explain the spread again and again, not just on one lucky split.
+
+    Returns:
+        ``(index of the winner in candidates, its score in the last round)``.
+    """
+    alive = list(range(len(candidates)))
+    last_score = 0.0
+    n = len(rewards)
+    if len(alive) == 1:
+        return 0, ordering_score(codes, rewards, weights, candidates[0], depth)
+    while len(alive) > 1:
+        rows = rng.integers(0, n, n) if n > 0 else np.arange(0)
+        sample = codes[rows], rewards[rows], weights[rows]
+        memo: dict[tuple[int, ...], float] = {}
+        scores = [ordering_score(*sample, candidates[i], depth, memo) for i in alive]
+        keep = math.ceil(len(alive) / 2) if len(alive) > 2 else 1
+        ranked = sorted(range(len(alive)), key=lambda j: (-scores[j], alive[j]))[:keep]
+        last_score = scores[ranked[0]]
+        alive = sorted(alive[j] for j in ranked)
+    return alive[0], float(last_score)

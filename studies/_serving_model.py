@@ -1,0 +1,206 @@
+"""Analytic models of vLLM-style serving on one node: goodput (req/s) under p99 SLOs.
+
+Both models find the highest request rate the node sustains while meeting the p99 TTFT and TPOT
+SLOs, by scanning the decode concurrency ``B`` of each replica (numpy, vectorized over ``B``).
+
+Reference (plays the real benchmark):
+
+- Memory: vLLM's budget ``gpu_memory_utilization * HBM - weights - peak activations`` (profiled
+  at ``max_num_batched_tokens`` tokens plus sampler logits) goes to the KV cache; the rest of the
+  GPU must hold the CUDA context, NCCL buffers and the CUDA-graph pool, else OOM at start-up.
+  A KV cache smaller than one ``max_model_len`` sequence fails as vLLM does (``kv_cache_oom``).
+  Paged blocks waste half a block per sequence; KV heads are replicated when ``tp > kv_heads``.
+- Decode step: roofline of weight + KV reads vs FLOPs (small batches under-fill tensor cores),
+  paged-attention efficiency per block size, two TP all-reduces per layer (latency-bound),
+  kernel-launch overhead when eager or when the batch exceeds the largest captured CUDA graph,
+  scheduler overhead per step, pipeline stages in sequence with ``pp`` virtual engines in flight.
+- Speculative decoding (n-gram): expected accepted tokens ``(1 - a^(k+1)) / (1 - a)`` per step
+  against ``k+1`` verified tokens of compute and a proposer cost; unsupported with ``pp > 1``.
+- Prefill: compute-bound with causal attention; prefix caching skips the cached shared prefix
+  (at block granularity); chunked prefill mixes ``max_num_batched_tokens - B`` prefill tokens
+  into each step (bounded TPOT stalls, longer TTFT for long prompts), ``long_prefill_token_
+  threshold`` caps one prompt's share of a chunk; without chunking, prefills pause all decodes.
+- Tails: p99 batch ``B + 2.33 cv sqrt(B)``, prefill-stall variance, M/G/1-style prefill queueing,
+  admission queueing near ``max_num_seqs`` and preemption when ``max_num_seqs`` overcommits KV.
+
+Simulator (our coarse estimate): pure roofline decode (no launch, comm or block effects), flat
+50% prefill efficiency, mean-value TPOT/TTFT (no queueing, no tails), optimistic acceptance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from autoscout_optuna._failure import Infeasible
+
+from ._hardware import gpu_spec
+from ._models import model_shape
+
+NOISE_SIGMA = 0.03
+Z99 = 2.326
+_B_GRID = np.unique(np.round(np.geomspace(1, 4096, 40)).astype(int)).astype(float)
+
+
+def _lognormal_p99(mean: float, sigma: float) -> float:
+    return mean * math.exp(Z99 * sigma - sigma * sigma / 2)
+
+
+def _kv_capacity_tokens(c: Mapping[str, Any], reference: bool) -> tuple[float, float, float]:
+    """(KV tokens per replica, KV bytes per token per GPU, weights bytes per GPU)."""
+    m, g = model_shape(c["model"]), gpu_spec(c["gpu"])
+    tp, pp = c["tp"], c["pp"]
+    weights = 2 * m.params / (tp * pp)
+    kv_heads_gpu = max(m.kv_heads / tp, 1.0)
+    kv_per_token = 2 * (m.layers / pp) * kv_heads_gpu * m.head_dim * 2
+    total = g.memory_gb * 1e9
+    budget = c["gpu_memory_utilization"] * total
+    if reference:
+        activations = c["max_num_batched_tokens"] * (3 * m.ffn / tp + 4 * m.hidden) * 2
+        activations += c["max_num_seqs"] * m.vocab * 4
+        non_torch = 0.8e9 + (0.4e9 if tp * pp > 1 else 0.0)
+        if c["cuda_graphs"]:
+            non_torch += 0.5e9 + 1.5e9 * m.layers / pp / 80
+        if total - budget < non_torch:
+            raise Infeasible("oom", "no room left for CUDA context, NCCL and graph pool")
+    else:
+        activations = 0.0
+    kv_bytes = budget - weights - activations
+    if kv_bytes <= 0:
+        raise Infeasible("oom", "weights and activations exceed gpu_memory_utilization")
+    return kv_bytes / kv_per_token, kv_per_token, weights
+
+
+def reference_goodput(c: Mapping[str, Any]) -> float:
+    """Noiseless reference goodput in requests/s for the whole node."""
+    m, g = model_shape(c["model"]), gpu_spec(c["gpu"])
+    tp, pp = c["tp"], c["pp"]
+    if c["speculative"] and pp > 1:
+        raise Infeasible("invalid_combination", "speculative decoding does not support pp > 1")
+    kv_tokens, kv_per_token, weights = _kv_capacity_tokens(c, reference=True)
+    if kv_tokens < c["max_model_len"]:
+        raise Infeasible("kv_cache_oom", f"{kv_tokens:.0f} KV tokens < max_model_len")
+    mnbt, max_seqs, block = c["max_num_batched_tokens"], c["max_num_seqs"], c["block_size"]
+    chunked = c["chunked_prefill"]
+    if not chunked and mnbt < c["max_model_len"]:
+        raise Infeasible("invalid_config", "max_num_batched_tokens < max_model_len, no chunking")
+    if mnbt < max_seqs:
+        raise Infeasible("invalid_config", "max_num_batched_tokens < max_num_seqs")
+    prompt, output, sigma = c["prompt_mean"], c["output_mean"], c["prompt_sigma"]
+    prompt_p99 = _lognormal_p99(prompt, sigma)
+    context = prompt + output / 2
+    seqs_kv = kv_tokens / (context + block / 2)
+    cap = min(float(max_seqs), seqs_kv)
+    peak, hbm = g.tflops * 1e12, g.hbm_tbs * 1e12
+    layers_stage = m.layers / pp
+
+    def decode_step(batch: np.ndarray, q: float) -> np.ndarray:
+        micro = np.maximum(batch / pp, 1.0)  # pp virtual engines share the batch
+        tokens = micro * q
+        gemm_eff = 0.75 * tokens / (tokens + 96)
+        compute = 2 * m.params / (tp * pp) * tokens / (peak * gemm_eff)
+        attn_eff = {8: 0.72, 16: 0.85, 32: 0.82}.get(block, 0.8)
+        memory = weights / (hbm * 0.85) + micro * context * kv_per_token / (hbm * attn_eff)
+        stage = np.maximum(compute, memory) + 0.15 * np.minimum(compute, memory)
+        if tp > 1:
+            allreduce = 7e-6 + tokens * m.hidden * 2 * 2 / (g.nvlink_gbs * 1e9)
+            stage = stage + layers_stage * 2 * allreduce
+        graphed = c["cuda_graphs"] & (batch <= 512)
+        stage = stage + np.where(graphed, 20e-6, layers_stage * 14 * 4.5e-6)
+        step = pp * stage + (pp - 1) * 30e-6 + 1.5e-3 + 2e-6 * batch
+        return step
+
+    if c["speculative"]:
+        k, accept = c["num_speculative_tokens"], c["spec_acceptance"]
+        tau = (1 - accept ** (k + 1)) / (1 - accept)
+        q = k + 1.0
+        proposer = 0.3e-3
+    else:
+        tau, q, proposer = 1.0, 1.0, 0.0
+    prefill_token = (2 * m.params / (tp * pp) + 2 * prompt * m.hidden / tp) / (peak * 0.6)
+    if tp > 1:
+        prefill_token += layers_stage * 2 * m.hidden * 2 * 2 / (g.nvlink_gbs * 1e9) / pp
+
+    batch = _B_GRID[_B_GRID <= cap]
+    if batch.size == 0:
+        raise Infeasible("kv_cache_oom", "not one sequence fits")
+    # Prefix caching: the reusable prefix (earlier turns) survives in the KV blocks left free by
+    # running sequences, so the hit rate grows with spare KV (gpu_memory_utilization).
+    cached = np.zeros_like(batch)
+    if c["prefix_caching"]:
+        spare = np.maximum(kv_tokens - batch * context, 0.0)
+        hit = 0.95 * np.minimum(1.0, spare / (256 * prompt))
+        cached = math.floor(c["prefix_share"] * prompt / block) * block * hit
+    prompt_new = prompt - cached
+    # Chunked prefill piggybacks prefill tokens on memory-bound decode steps.
+    overlap = 0.8 if chunked else 1.0
+    t_prefill = prompt_new * prefill_token * pp * overlap + 5e-3
+    t_prefill99 = prompt_new * (prompt_p99 / prompt) * prefill_token * pp * overlap + 5e-3
+    cv = c["arrival_cv"]
+    t_decode = decode_step(batch, q) + proposer
+    rate = batch * tau / (output * t_decode + batch * tau * t_prefill)
+    busy = np.minimum(rate * t_prefill, 0.99)
+    batch99 = np.minimum(cap, batch + Z99 * cv * np.sqrt(batch))
+    t_decode99 = decode_step(batch99, q) + proposer
+    life = output * t_decode / (tau * (1 - busy))
+    if chunked:
+        budget = mnbt - batch * q
+        share = np.maximum(np.minimum(budget, c["long_prefill_threshold"]), 1.0)
+        stable = (budget > 0) & (rate * prompt_new * t_decode / (1 - busy) <= np.maximum(budget, 1))
+        chunk_time = np.maximum(budget, 0.0) * prefill_token
+        stalls = Z99 * cv * np.minimum(chunk_time, t_prefill99) * np.sqrt(rate * life) / output
+        tpot99 = t_decode99 / tau / (1 - busy) + stalls
+        iterations = np.ceil(prompt_p99 / np.maximum(share, 1))
+        own = iterations * (t_decode99 + np.minimum(share, prompt_p99) * prefill_token)
+        queue = t_prefill99 * cv**2 * busy / (1 - busy) * 2.3
+        queue *= np.minimum(1.0, np.sqrt(np.minimum(share, prompt_p99) / prompt_p99) + 0.3)
+    else:
+        stable = busy < 0.95
+        stalls = Z99 * cv * t_prefill99 * np.sqrt(rate * life) / output
+        tpot99 = t_decode99 / tau / (1 - busy) + stalls
+        own = t_prefill99
+        queue = t_prefill99 * cv**2 * busy / (1 - busy) * 2.3 + t_decode99
+    use = batch / max(float(max_seqs), 1.0)
+    admission = life / max_seqs * use ** math.sqrt(2 * (max_seqs + 1)) / (1 - np.minimum(use, 0.99))
+    ttft99 = own + queue + admission * 2.3
+    ok = stable & (ttft99 <= c["ttft_slo_ms"] / 1e3) & (tpot99 <= c["tpot_slo_ms"] / 1e3)
+    if not ok.any():
+        raise Infeasible("slo_miss", "no load level meets the p99 TTFT and TPOT SLOs")
+    best = float(rate[ok].max())
+    if max_seqs > seqs_kv:  # overcommitted KV: recompute preemptions under bursts
+        best /= 1 + 0.15 * min(1.0, (max_seqs - seqs_kv) / seqs_kv)
+    return best * c["replicas"]
+
+
+def simulated_goodput(c: Mapping[str, Any]) -> float:
+    """Coarse roofline estimate of goodput in requests/s (mean values, no tails)."""
+    m, g = model_shape(c["model"]), gpu_spec(c["gpu"])
+    tp, pp = c["tp"], c["pp"]
+    kv_tokens, kv_per_token, weights = _kv_capacity_tokens(c, reference=False)
+    if kv_tokens < c["max_model_len"]:
+        raise Infeasible("kv_cache_oom", "simulator: KV cache smaller than one sequence")
+    prompt, output = c["prompt_mean"], c["output_mean"]
+    prompt_new = prompt * (1 - c["prefix_share"]) if c["prefix_caching"] else prompt
+    context = prompt + output / 2
+    cap = min(float(c["max_num_seqs"]), kv_tokens / context)
+    batch = _B_GRID[_B_GRID <= cap]
+    if batch.size == 0:
+        raise Infeasible("kv_cache_oom", "simulator: not one sequence fits")
+    hbm = g.hbm_tbs * 1e12
+    t_decode = (weights + batch / pp * context * kv_per_token) / hbm * pp * 1.25 + 4e-3
+    tau = 1.0
+    if c["speculative"]:
+        accept, k = 0.7, c["num_speculative_tokens"]
+        tau = (1 - accept ** (k + 1)) / (1 - accept)
+    t_prefill = prompt_new * 2 * m.params / (tp * pp) / (g.tflops * 1e12 * 0.5) * pp
+    rate = batch * tau / (output * t_decode + batch * tau * t_prefill)
+    busy = np.minimum(rate * t_prefill, 0.99)
+    tpot = t_decode / tau / (1 - busy) * 1.5  # a flat allowance for tails
+    ttft = t_prefill * (1 + 3 * busy / (1 - busy))
+    ok = (tpot <= c["tpot_slo_ms"] / 1e3) & (ttft <= c["ttft_slo_ms"] / 1e3)
+    if not ok.any():
+        raise Infeasible("slo_miss", "simulator: SLOs missed at every load")
+    return float(rate[ok].max()) * c["replicas"]

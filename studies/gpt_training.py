@@ -1,0 +1,295 @@
+"""Train a small GPT for a fixed time on the local device and minimize validation bits per byte.
+
+The practitioner's autoresearch campaign as one study: total and per-device batch, compilation,
+fused/compiled optimizer, attention backend, precision and TF32, LR multiplier and warmup.
+
+Why val_bpb at a fixed time budget (minimize) and not tokens/s: within a fixed wall-clock budget
+every speed knob matters only through what it buys in learning, and some fast settings learn
+badly (a batch too large for the budget takes too few optimizer steps; the report found 2^17
+tokens best and larger batches much worse). val_bpb ranks those correctly, tokens/s would not.
+tokens/s, MFU, peak memory and time to first step are recorded per trial as user attrs.
+
+Each real trial is a subprocess (``python -m autoscout_optuna.runners.gpt``) run by
+:class:`CommandRunner`, so an OOM, crash or hang fails that trial (with ``failure_reason``)
+and never the study. The simulator is an analytic throughput and memory model: it predicts
+OOM before a run is spent on it, and its tokens/s estimate arms the runner's ``too_slow`` guard.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from autoscout_optuna._failure import Infeasible
+from autoscout_optuna._study_definition import Knobs, StudyDefinition
+
+NAME = "gpt_training"
+VOCAB = 256
+# Model sizes: tiny on CPU (seconds per trial), autoresearch's depth-8 model on a GPU.
+SIZES = {
+    "cpu": {"n_layer": 2, "n_head": 4, "n_embd": 128, "seq_len": 256, "eval_tokens": 2**14},
+    "gpu": {"n_layer": 8, "n_head": 4, "n_embd": 512, "seq_len": 2048, "eval_tokens": 2**21},
+}
+DEFAULT_BUDGET_S = {"cpu": 6.0, "gpu": 300.0}
+BATCH_LOG2 = {"cpu": (10, 14), "gpu": (13, 19)}
+DEFAULT_BATCH_LOG2 = {"cpu": 11, "gpu": 17}  # gpu: the practitioner's best, 2^17 tokens
+DEFAULT_DEVICE_BATCH = {"cpu": 8, "gpu": 32}
+DEVICE_BATCHES = {"cpu": [1, 2, 4, 8, 16], "gpu": [1, 2, 4, 8, 16, 32, 64, 128]}
+# Share of peak FLOP/s a healthy run reaches (the device-efficiency prior). It assumes half
+# precision is never slower than fp32, as on any GPU: a CPU that emulates fp16 is then
+# "alive but stupid", and the runner's too_slow guard stops it.
+EFFICIENCY = {"cpu": 0.2, "gpu_compiled": 0.4, "gpu_eager": 0.25}
+ATTENTION_NEEDS_HALF = ("flash", "cudnn")
+
+
+def probe_device(device: str = "auto") -> dict[str, Any]:
+    """What the device is and supports: kind, name, memory, dtypes, attention backends."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not device.startswith("cuda"):
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return {"kind": "cpu", "device": "cpu", "name": "cpu", "memory_bytes": float(pages),
+                "dtypes": ["fp32", "bf16", "fp16"], "attention": ["auto", "math"]}
+    props = torch.cuda.get_device_properties(torch.device(device))
+    dtypes = ["bf16", "fp16", "fp32"] if torch.cuda.is_bf16_supported() else ["fp16", "fp32"]
+    return {"kind": "gpu", "device": device, "name": props.name,
+            "memory_bytes": float(props.total_memory), "dtypes": dtypes,
+            "attention": _supported_attention(device), "tf32": props.major >= 8}
+
+
+def _supported_attention(device: str) -> list[str]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    q = torch.randn(1, 4, 128, 128, device=device, dtype=dtype)
+    supported = []
+    for name, backend in backends.items():
+        try:
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            supported.append(name)
+        except RuntimeError:
+            continue
+    return supported
+
+
+def suggest_config(trial: Any, *, info: Mapping[str, Any], size: Mapping[str, int],
+                   time_budget: float, fixed: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The define-by-run space for ``info``'s device; returns params plus derived values."""
+    kind = info["kind"]
+    knobs = Knobs(trial, fixed=fixed)
+    low, high = BATCH_LOG2[kind]
+    total_log2 = knobs.int("total_batch_log2", low, high, default=DEFAULT_BATCH_LOG2[kind])
+    device_batch = knobs.categorical("device_batch", DEVICE_BATCHES[kind],
+                                     default=DEFAULT_DEVICE_BATCH[kind])
+    total_batch = 2**total_log2
+    # device_batch sequences must divide the total batch; both are powers of two, so the
+    # largest valid value is total / seq_len: clamp there (the run records what it used)
+    effective = max(1, min(device_batch, total_batch // size["seq_len"]))
+    config = dict(size, time_budget=float(time_budget), total_batch_log2=total_log2,
+                  total_batch=total_batch, device_batch=device_batch,
+                  device_batch_effective=effective,
+                  grad_accum=total_batch // (effective * size["seq_len"]))
+    config["dtype"] = knobs.categorical("dtype", list(info["dtypes"]), default=info["dtypes"][0])
+    config["tf32"] = False
+    if kind == "gpu":
+        config["compile"] = knobs.categorical(
+            "compile", ["off", "default", "max-autotune-no-cudagraphs"], default="off")
+        config["optimizer"] = knobs.categorical(
+            "optimizer", ["foreach", "fused", "compiled"], default="fused")
+        if config["dtype"] == "fp32" and info.get("tf32"):
+            config["tf32"] = knobs.categorical("tf32", [False, True], default=True)
+    else:  # compiling costs more than a CPU trial's whole budget
+        config["compile"] = "off"
+        config["optimizer"] = knobs.categorical("optimizer", ["foreach", "fused"],
+                                                default="foreach")
+    config["attention"] = knobs.categorical("attention", list(info["attention"]),
+                                            default=info["attention"][0])
+    config["lr_mult"] = knobs.float("lr_mult", 0.25, 4.0, log=True, default=1.0)
+    config["warmup_frac"] = knobs.float("warmup_frac", 0.0, 0.3, default=0.05)
+    return config
+
+
+def simulate_run(config: Mapping[str, Any], *, info: Mapping[str, Any],
+                 peak_flops: float) -> dict[str, float]:
+    """Analytic tokens/s, memory and val_bpb of ``config``; raises ``Infeasible`` on OOM.
+
+    ``peak_flops`` is the device's peak in the run's dtype (fp32 on a CPU: see EFFICIENCY).
+    """
+    from autoscout_optuna.runners._mfu import flops_per_token
+
+    n_layer, d, seq = config["n_layer"], config["n_embd"], config["seq_len"]
+    matmul_params = 12 * n_layer * d * d + d * VOCAB
+    flops_tok = flops_per_token(matmul_params, n_layer, d, seq)
+    if info["kind"] == "cpu":
+        efficiency = EFFICIENCY["cpu"]
+    else:
+        efficiency = EFFICIENCY["gpu_compiled" if config["compile"] != "off" else "gpu_eager"]
+        if config["attention"] in ATTENTION_NEEDS_HALF and config["dtype"] == "fp32":
+            raise Infeasible("unsupported", f"{config['attention']} attention needs bf16/fp16")
+    micro_tokens = config["device_batch_effective"] * seq
+    efficiency *= min(1.0, micro_tokens / (16 * seq if info["kind"] == "gpu" else 1024)) ** 0.3
+    tokens_per_s = peak_flops * efficiency / flops_tok
+    # memory: fp32 weights, grads and two Adam moments (16 bytes/param) plus saved activations
+    act_bytes = 2 if config["dtype"] in ("bf16", "fp16") else 4
+    per_token = n_layer * 16 * d * act_bytes + 3 * VOCAB * 4
+    if config["attention"] == "math":  # the full score matrix is kept for the backward pass
+        per_token += n_layer * config["n_head"] * seq * act_bytes * 2
+    all_params = matmul_params + (VOCAB + seq) * d
+    memory = 16 * all_params + micro_tokens * per_token
+    if memory > 0.9 * info["memory_bytes"]:
+        raise Infeasible("oom", f"predicted {memory / 2**30:.1f} GiB of "
+                                f"{info['memory_bytes'] / 2**30:.1f} GiB")
+    # learning, fitted coarsely to CPU runs: from 8 bits (uniform) towards a size-dependent
+    # floor; the first few optimizer steps learn the byte frequencies, then progress is a slow
+    # power law in tokens seen. A batch too large for the budget leaves too few steps.
+    tokens = tokens_per_s * config["time_budget"]
+    steps = tokens / config["total_batch"]
+    floor = 1.0 + 0.5 * (1e7 / max(all_params, 1.0)) ** 0.25
+    # beyond a critical batch a token buys less (McCandlish et al. 2018): 2^17 on the GPU size
+    critical = 2.0**17 if seq >= 1024 else 2.0**12
+    useful = tokens / (1.0 + config["total_batch"] / critical)
+    remaining = 0.35 * max(useful / 1e5, 1e-3) ** -0.12
+    remaining = min(1.0, remaining + (1.0 - remaining) * math.exp(-steps / 6.0))
+    bpb = (floor + (8.0 - floor) * remaining
+           + 0.3 * math.log(config["lr_mult"]) ** 2 + 0.5 * config["warmup_frac"] ** 2)
+    return {"tokens_per_s": tokens_per_s, "memory_bytes": float(memory), "val_bpb": bpb}
+
+
+def trainer_command(python: str = sys.executable, data: str | None = None) -> list[str]:
+    """The trainer's argument list with ``{placeholders}`` for :class:`CommandRunner`."""
+    keys = {"time_budget": "time_budget", "n_layer": "n_layer", "n_head": "n_head",
+            "n_embd": "n_embd", "seq_len": "seq_len", "total_batch": "total_batch",
+            "device_batch": "device_batch_effective", "dtype": "dtype", "tf32": "tf32",
+            "attention": "attention", "compile": "compile", "optimizer": "optimizer",
+            "lr_mult": "lr_mult", "warmup_frac": "warmup_frac", "device": "device",
+            "eval_tokens": "eval_tokens"}
+    command = [python, "-m", "autoscout_optuna.runners.gpt"]
+    for flag, key in keys.items():
+        command += [f"--{flag}", f"{{{key}}}"]
+    if data is not None:
+        command += ["--data", data]
+    return command
+
+
+METRICS = {name: rf"^{name}:\s*([-+0-9.eE]+|nan|inf)" for name in
+           ("val_bpb", "tokens_per_s", "mfu", "peak_mem_mb", "first_step_s")}
+
+
+def definition(*, device: str = "auto", time_budget: float | None = None,
+               size: str | None = None, data: str | None = None, timeout: float | None = None,
+               too_slow_fraction: float = 0.1, log_dir: str = "autoscout-logs",
+               fixed: Mapping[str, Any] | None = None, n_trials: int | None = None,
+               ) -> StudyDefinition:
+    """The GPT-training study on the local device.
+
+    Example:
+        >>> import optuna
+        >>> from autoscout_optuna import Infeasible, studies
+        >>> from autoscout_optuna._objective import reference_objective
+        >>> study_def = studies.load("gpt_training", device="cpu", time_budget=3.0)
+        >>> study = optuna.create_study(direction=study_def.direction)
+        >>> study.optimize(reference_objective(study_def), n_trials=2, catch=(Infeasible,))
+        >>> study.best_trial.user_attrs["tokens_per_s"] > 0
+        True
+
+    Args:
+        device: ``"auto"`` (the GPU if torch sees one), ``"cpu"`` or ``"cuda[:i]"``.
+        time_budget: Seconds of training per trial (default 6 on CPU, 300 on GPU).
+        size: ``"cpu"`` (2 layers, width 128, seq 256) or ``"gpu"`` (8 x 512, seq 2048);
+            default: the device's kind.
+        data: A text file to train on instead of the Python standard library's source.
+        timeout: Seconds before a run is killed (default: budget x 3 + 90 s on CPU, budget +
+            600 s on GPU, where compilation can take minutes).
+        too_slow_fraction: The runner's too_slow threshold (0 disables it).
+        log_dir: Where per-trial logs go.
+        fixed: Knobs pinned to values (not searched).
+        n_trials: Default number of trials for ``autoscout run``.
+    """
+    from autoscout_optuna.runners import CommandRunner
+    from autoscout_optuna.runners._mfu import default_cpu_threads, device_peak
+
+    info = probe_device(device)
+    kind = info["kind"]
+    if size is not None and size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    model = SIZES[size or kind]
+    budget = float(time_budget if time_budget is not None else DEFAULT_BUDGET_S[kind])
+    if budget <= 0:
+        raise ValueError(f"time_budget must be > 0, got {time_budget}")
+    run_timeout = timeout or (3 * budget + 90 if kind == "cpu" else budget + 600)
+    fixed_copy = dict(fixed or {})
+    peaks: dict[str, float] = {}
+
+    def peak(dtype: str) -> float:  # measured once per process on CPU and unknown GPUs
+        key = "fp32" if kind == "cpu" else dtype
+        if key not in peaks:
+            if kind == "cpu":  # measure with the thread count the trainer will use
+                import torch
+
+                torch.set_num_threads(default_cpu_threads())
+            peaks[key] = device_peak(info["device"], key).flops
+        return peaks[key]
+
+    def suggest(trial: Any) -> dict[str, Any]:
+        config = suggest_config(trial, info=info, size=model, time_budget=budget,
+                                fixed=fixed_copy)
+        config["device"] = info["device"]
+        return config
+
+    def simulate_all(config: Mapping[str, Any]) -> dict[str, float]:
+        dtype = "tf32" if config.get("tf32") else config["dtype"]
+        return simulate_run(config, info=info, peak_flops=peak(dtype))
+
+    def expected_tokens_per_s(config: Mapping[str, Any]) -> float | None:
+        try:
+            return simulate_all(config)["tokens_per_s"]
+        except Infeasible:
+            return None
+
+    runner = CommandRunner(
+        trainer_command(data=data), metrics=METRICS, timeout=run_timeout, log_dir=log_dir,
+        expected_throughput=expected_tokens_per_s, too_slow_fraction=too_slow_fraction,
+        warmup_readings=1 if kind == "cpu" else 2,
+    )
+
+    def measure(config: Mapping[str, Any], rng: Any = None) -> float:
+        return runner.run(None, config)["val_bpb"]
+
+    def measure_trial(trial: Any, config: Mapping[str, Any]) -> float:
+        return runner.run(trial, config)["val_bpb"]
+
+    default = dict(model, time_budget=budget, total_batch_log2=DEFAULT_BATCH_LOG2[kind],
+                   device_batch=DEFAULT_DEVICE_BATCH[kind], dtype=info["dtypes"][0], tf32=False,
+                   compile="off", optimizer="foreach" if kind == "cpu" else "fused",
+                   attention=info["attention"][0], lr_mult=1.0, warmup_frac=0.05,
+                   device=info["device"])
+    default["total_batch"] = 2 ** default["total_batch_log2"]
+    default["device_batch_effective"] = min(default["device_batch"],
+                                            default["total_batch"] // model["seq_len"])
+    default["grad_accum"] = default["total_batch"] // (default["device_batch_effective"]
+                                                      * model["seq_len"])
+    return StudyDefinition(
+        name=NAME,
+        direction="minimize",
+        metric="val bits/byte",
+        suggest=suggest,
+        measure=measure,
+        measure_trial=measure_trial,
+        simulate=lambda config: simulate_all(config)["val_bpb"],
+        default_config=default,
+        is_real=True,
+        description=f"small GPT on {info['name']}: val bits/byte after {budget:g} s of training",
+        options={"device": info["device"], "device_name": info["name"], "time_budget": budget,
+                 "size": size or kind, "data": data, "timeout": run_timeout,
+                 "n_trials": n_trials or (12 if kind == "cpu" else 20)},
+    )

@@ -1,0 +1,217 @@
+"""vLLM-style serving of one model on one node: maximize goodput (req/s) under p99 SLOs.
+
+The space (define-by-run, conditional):
+
+- structural: ``tp``, ``pp`` (``tp*pp`` GPUs per replica; the node runs
+  ``gpus_per_node // (tp*pp)`` replicas behind a load balancer), ``block_size``,
+  ``chunked_prefill``, ``cuda_graphs`` (vs eager), ``prefix_caching``, ``speculative`` (only
+  when ``pp == 1``: vLLM has no speculative decoding with pipeline parallelism) and
+  ``num_speculative_tokens`` (1-6, only when speculative decoding is on);
+- dense: ``max_num_seqs`` (log int), ``max_num_batched_tokens`` (log int),
+  ``gpu_memory_utilization`` (float), ``long_prefill_threshold`` (log int, only with chunked
+  prefill).
+
+The objective is goodput: the highest arrival rate (requests/s, Poisson or burstier with
+``arrival_cv``) whose p99 TTFT and TPOT stay within the SLOs, so the arrival rate is what the
+study measures rather than an input; prompts are lognormal (``prompt_mean``, ``prompt_sigma``),
+outputs average ``output_mean`` tokens, and ``prefix_share`` of each prompt is a reusable prefix.
+
+Failures: ``invalid_layout`` (tp*pp over the node, heads not divisible), ``invalid_config``
+(vLLM's own argument checks), ``oom``, ``kv_cache_oom`` (not one ``max_model_len`` sequence
+fits), ``slo_miss``; ``measure`` also rejects hand-written configs with speculative decoding and
+``pp > 1`` (``invalid_combination``).
+
+Models: see ``_serving_model`` (ours: published serving simulators were checked first; Vidur
+needs profiled kernel tables and simulates request by request, seconds per call; GenZ
+(``genz-llm``) models single prefill/decode steps through pandas operator tables and pulls
+plotting stacks; neither gives p99 TTFT/TPOT goodput at < 0.2 ms per call).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from autoscout_optuna._failure import Infeasible
+from autoscout_optuna._study_definition import Knobs, StudyDefinition
+
+from . import _serving_model
+from ._hardware import gpu_spec
+from ._models import model_shape
+
+NAME = "llm_serving"
+
+#: Named model/node/workload combinations; ``definition(preset=...)`` starts from one.
+PRESETS: dict[str, dict[str, Any]] = {
+    "70b-h100": dict(model="llama3-70b", gpu="H100", gpus_per_node=8),
+    "8b-a100": dict(model="llama3-8b", gpu="A100", gpus_per_node=8),
+    "14b-a40": dict(model="qwen2.5-14b", gpu="A40", gpus_per_node=8),
+}
+DEFAULT_PRESET = "70b-h100"
+#: Workload and SLOs (chat-style: lognormal prompts, a shared system prompt, Poisson arrivals).
+WORKLOAD: dict[str, Any] = dict(
+    prompt_mean=1024, prompt_sigma=0.8, output_mean=256, prefix_share=0.3, arrival_cv=1.0,
+    spec_acceptance=0.55, max_model_len=8192, ttft_slo_ms=2000.0, tpot_slo_ms=60.0,
+)
+
+TP_CHOICES = [1, 2, 4, 8]
+PP_CHOICES = [1, 2]
+BLOCK_CHOICES = [16, 8, 32]
+# vLLM defaults (EngineArgs / V1 scheduler on H100-class GPUs).
+MAX_NUM_SEQS_DEFAULT = 256
+MAX_BATCHED_TOKENS_DEFAULT = 8192
+GPU_UTIL_DEFAULT = 0.9
+LONG_PREFILL_DEFAULT = 16384  # top of the range: no per-prompt cap, as vLLM without the flag
+
+
+def suggest_config(
+    trial: Any, *, options: dict[str, Any], fixed: dict[str, Any] | None = None,
+    dense_at_defaults: bool = False,
+) -> dict[str, Any]:
+    """Suggest one serving configuration; returns params plus workload and derived values."""
+    shape = model_shape(options["model"])
+    knobs = Knobs(trial, fixed=fixed, dense_at_defaults=dense_at_defaults)
+    tp = knobs.categorical("tp", TP_CHOICES)
+    pp = knobs.categorical("pp", PP_CHOICES)
+    if tp * pp > options["gpus_per_node"]:
+        raise Infeasible("invalid_layout", f"tp*pp={tp * pp} > {options['gpus_per_node']} GPUs")
+    if shape.heads % tp:
+        raise Infeasible("invalid_layout", f"{shape.heads} heads do not split over tp={tp}")
+    # vLLM runs speculative decoding only without pipeline parallelism: the knob exists for pp=1.
+    speculative, num_speculative_tokens = False, 0
+    if pp == 1:
+        speculative = knobs.categorical("speculative", [False, True])
+        if speculative:
+            num_speculative_tokens = knobs.int("num_speculative_tokens", 1, 6, default=3)
+    max_num_seqs = knobs.int("max_num_seqs", 8, 1024, log=True, default=MAX_NUM_SEQS_DEFAULT)
+    max_num_batched_tokens = knobs.int(
+        "max_num_batched_tokens", 512, 65536, log=True, default=MAX_BATCHED_TOKENS_DEFAULT
+    )
+    chunked_prefill = knobs.categorical("chunked_prefill", [True, False])
+    long_prefill_threshold = LONG_PREFILL_DEFAULT
+    if chunked_prefill:
+        long_prefill_threshold = knobs.int(
+            "long_prefill_threshold", 64, 16384, log=True, default=LONG_PREFILL_DEFAULT
+        )
+    block_size = knobs.categorical("block_size", BLOCK_CHOICES)
+    gpu_memory_utilization = knobs.float(
+        "gpu_memory_utilization", 0.5, 0.99, default=GPU_UTIL_DEFAULT
+    )
+    cuda_graphs = knobs.categorical("cuda_graphs", [True, False])
+    prefix_caching = knobs.categorical("prefix_caching", [True, False])
+    return dict(
+        options, tp=tp, pp=pp, replicas=options["gpus_per_node"] // (tp * pp),
+        max_num_seqs=int(max_num_seqs), max_num_batched_tokens=int(max_num_batched_tokens),
+        chunked_prefill=chunked_prefill, long_prefill_threshold=int(long_prefill_threshold),
+        block_size=block_size, gpu_memory_utilization=float(gpu_memory_utilization),
+        cuda_graphs=cuda_graphs, prefix_caching=prefix_caching, speculative=speculative,
+        num_speculative_tokens=int(num_speculative_tokens),
+    )
+
+
+def expert_config(options: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's documented starting point for the model and node.
+
+    Recipe: vLLM docs "Distributed inference and serving": a model that does not fit one GPU
+    gets tensor parallelism over all GPUs of the node, otherwise one GPU per replica; every
+    other knob at the vLLM V1 defaults (``max_num_seqs=256``, ``max_num_batched_tokens=8192``,
+    chunked prefill and prefix caching on, block size 16, ``gpu_memory_utilization=0.9``,
+    CUDA graphs on, no speculative decoding).
+    """
+    shape = model_shape(options["model"])
+    fits_one_gpu = 2 * shape.params < 0.5 * gpu_spec(options["gpu"]).memory_gb * 1e9
+    fixed = dict(
+        tp=1 if fits_one_gpu else options["gpus_per_node"], pp=1,
+        max_num_seqs=MAX_NUM_SEQS_DEFAULT, max_num_batched_tokens=MAX_BATCHED_TOKENS_DEFAULT,
+        chunked_prefill=True, long_prefill_threshold=LONG_PREFILL_DEFAULT, block_size=16,
+        gpu_memory_utilization=GPU_UTIL_DEFAULT, cuda_graphs=True, prefix_caching=True,
+        speculative=False,
+    )
+    return suggest_config(None, options=options, fixed=fixed)
+
+
+def measure(config: dict[str, Any], rng: Any = None) -> float:
+    """Reference goodput (req/s): noiseless when ``rng`` is None, else ~3% lognormal noise."""
+    value = _serving_model.reference_goodput(config)
+    if rng is not None:
+        value *= float(rng.lognormal(0.0, _serving_model.NOISE_SIGMA))
+    return value
+
+
+def simulate(config: dict[str, Any]) -> float:
+    """Coarse simulator estimate of goodput (req/s)."""
+    return _serving_model.simulated_goodput(config)
+
+
+def optimum_key(options: dict[str, Any]) -> str:
+    """Canonical key of resolved options in ``_optima.json``."""
+    return f"{NAME}:" + json.dumps(options, sort_keys=True)
+
+
+def _stored_optimum(key: str) -> float | None:
+    path = Path(__file__).with_name("_optima.json")
+    if not path.is_file():
+        return None
+    entry = json.loads(path.read_text()).get(key)
+    return None if entry is None else float(entry["value"])
+
+
+def definition(
+    *,
+    preset: str | None = None,
+    model: str | None = None,
+    gpu: str | None = None,
+    gpus_per_node: int | None = None,
+    fixed: dict[str, Any] | None = None,
+    dense_at_defaults: bool = False,
+    **workload: Any,
+) -> StudyDefinition:
+    """The serving study; ``preset`` picks a row of :data:`PRESETS`; workload keys of
+    :data:`WORKLOAD` (e.g. ``ttft_slo_ms=1000``) override the workload and SLOs.
+
+    Example:
+        >>> import optuna
+        >>> from autoscout_optuna import Infeasible
+        >>> from autoscout_optuna._objective import reference_objective
+        >>> study_def = definition(preset="70b-h100")
+        >>> study = optuna.create_study(direction=study_def.direction)
+        >>> study.optimize(reference_objective(study_def), n_trials=5, catch=(Infeasible,))
+    """
+    preset = DEFAULT_PRESET if preset is None else preset
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    unknown = sorted(set(workload) - set(WORKLOAD))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown}; workload options are {sorted(WORKLOAD)}")
+    base = dict(PRESETS[preset], **WORKLOAD)
+    overrides = dict(model=model, gpu=gpu, gpus_per_node=gpus_per_node, **workload)
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    model_shape(base["model"])
+    gpu_spec(base["gpu"])
+    if not isinstance(base["gpus_per_node"], int) or base["gpus_per_node"] < 1:
+        raise ValueError(f"gpus_per_node must be a positive int, got {base['gpus_per_node']!r}")
+    options = dict(base, dense_at_defaults=bool(dense_at_defaults))
+    if fixed:
+        options["fixed"] = dict(fixed)
+    # A partial of a module-level function, not a closure: the definition pickles (spawn workers).
+    suggest = functools.partial(
+        suggest_config, options=base, fixed=dict(fixed or {}),
+        dense_at_defaults=bool(dense_at_defaults),
+    )
+    return StudyDefinition(
+        name=NAME,
+        direction="maximize",
+        metric="requests/s within p99 SLOs",
+        suggest=suggest,
+        measure=measure,
+        simulate=simulate,
+        default_config=expert_config(base),
+        optimum=_stored_optimum(optimum_key(options)),
+        description=(
+            f"{base['model']} served on {base['gpus_per_node']}x {base['gpu']} "
+            f"(p99 TTFT {base['ttft_slo_ms']:.0f} ms, TPOT {base['tpot_slo_ms']:.0f} ms)"
+        ),
+        options=options,
+    )

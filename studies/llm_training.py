@@ -1,0 +1,255 @@
+"""3D-parallel LLM pre-training on a GPU cluster (Megatron-LM style): maximize tokens/s.
+
+The space (define-by-run, conditional):
+
+- structural: ``tp`` (tensor parallel), ``pp`` (pipeline parallel), ``micro_batch``, ``vpp``
+  (virtual pipeline stages, only when ``pp > 1``), ``recompute`` (none/selective/full),
+  ``sequence_parallel`` (only when ``tp > 1``), ``zero_stage`` and ``overlap_grad_reduce`` (only
+  when the derived data-parallel size ``dp > 1``), ``cuda_graphs``;
+- dense: ``recompute_layers`` (layers per stage recomputed, only under selective/full),
+  ``bucket_size_mb`` (log, only with ``overlap_grad_reduce``), ``comm_sms`` (SMs given to NCCL).
+
+Indivisible layouts raise ``Infeasible("invalid_layout")`` as soon as the offending choice is
+made (so an enumeration prunes the whole subtree); memory overflow raises ``Infeasible("oom")``.
+
+Two evaluators, written here (see ``_training_model``): ``measure`` is the reference playing the
+real run (GEMM efficiency vs shape, flash-attention cost, exposed vs overlapped TP/PP/DP
+communication, bucketed gradient reduction, SM sharing between NCCL and compute, 1F1B bubbles
+with interleaving and stage imbalance from the LM head, ZeRO/recompute/SP-aware memory with
+logits and fragmentation, kernel-launch overhead without CUDA graphs), with seeded multiplicative
+noise; ``simulate`` is the coarse estimate (6*N*D FLOPs at a flat efficiency, exposed comm at
+nominal bandwidth, crude bubble, a textbook activation formula). We checked published models
+first: ``llm-analysis`` has a good memory model but its step time ignores TP/PP/micro-batch/ZeRO
+communication, and it pins ``transformers<5``/``huggingface-hub<0.15``; GenZ (``genz-llm``) is
+inference-only and pulls plotting stacks with per-call pandas work; Vidur needs profiled kernel
+tables and simulates events (seconds per call). None fits a reference called 10^5-10^6 times,
+so the reference is ours, built from the published formulas (Narayanan et al. 2021 for the
+interleaved 1F1B schedule, Korthikanti et al. 2022 for activation memory, Rajbhandari et al. 2020
+for ZeRO volumes).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from autoscout_optuna._failure import Infeasible
+from autoscout_optuna._study_definition import Knobs, StudyDefinition
+
+from . import _training_model
+from ._hardware import GPUS_PER_NODE, gpu_spec
+from ._models import model_shape
+
+NAME = "llm_training"
+
+#: Named cluster/model combinations; ``definition(preset=...)`` starts from one.
+PRESETS: dict[str, dict[str, Any]] = {
+    "8b-64": dict(model="llama3-8b", gpu="H100", num_gpus=64, global_batch=512, seq_len=8192),
+    # 1024 x 8192 = 8M tokens per step, inside Llama 3's 4M-16M token batch schedule.
+    "70b-512": dict(model="llama3-70b", gpu="H100", num_gpus=512, global_batch=1024, seq_len=8192),
+    "14b-a100-128": dict(
+        model="qwen2.5-14b", gpu="A100", num_gpus=128, global_batch=512, seq_len=4096
+    ),
+}
+DEFAULT_PRESET = "8b-64"
+
+TP_CHOICES = [1, 2, 4, 8]
+PP_CHOICES = [1, 2, 4, 8, 16]
+MICRO_BATCH_CHOICES = [1, 2, 4, 8]
+VPP_CHOICES = [1, 2, 4, 5]
+RECOMPUTE_CHOICES = ["none", "selective", "full"]
+ZERO_CHOICES = [0, 1, 2, 3]
+BUCKET_MB_DEFAULT = 160.0  # Megatron-LM DDP default: 40M fp32 gradient elements per bucket
+COMM_SMS_DEFAULT = 16  # NCCL's usual channel count on an NVSwitch node
+
+
+def suggest_config(
+    trial: Any,
+    *,
+    model: str,
+    gpu: str,
+    num_gpus: int,
+    global_batch: int,
+    seq_len: int,
+    fixed: dict[str, Any] | None = None,
+    dense_at_defaults: bool = False,
+) -> dict[str, Any]:
+    """Suggest one training configuration; returns params plus derived values (``dp`` ...)."""
+    shape = model_shape(model)
+    knobs = Knobs(trial, fixed=fixed, dense_at_defaults=dense_at_defaults)
+    tp = knobs.categorical("tp", TP_CHOICES)
+    if shape.heads % tp or shape.kv_heads % tp:
+        raise Infeasible("invalid_layout", f"{shape.kv_heads} KV heads do not split over tp={tp}")
+    pp = knobs.categorical("pp", PP_CHOICES)
+    if num_gpus % (tp * pp):
+        raise Infeasible("invalid_layout", f"tp*pp={tp * pp} does not divide {num_gpus} GPUs")
+    if shape.layers % pp:
+        raise Infeasible("invalid_layout", f"{shape.layers} layers do not split over pp={pp}")
+    dp = num_gpus // (tp * pp)
+    micro_batch = knobs.categorical("micro_batch", MICRO_BATCH_CHOICES)
+    if global_batch % (micro_batch * dp):
+        raise Infeasible(
+            "invalid_layout", f"global batch {global_batch}, micro_batch*dp={micro_batch * dp}"
+        )
+    num_microbatches = global_batch // (micro_batch * dp)
+    vpp = 1
+    if pp > 1:
+        vpp = knobs.categorical("vpp", VPP_CHOICES)
+        if shape.layers % (pp * vpp):
+            raise Infeasible("invalid_layout", f"{shape.layers} layers != k * pp*vpp={pp * vpp}")
+        if vpp > 1 and num_microbatches % pp:
+            # Megatron's interleaved schedule needs the microbatch count divisible by pp.
+            raise Infeasible("invalid_layout", f"{num_microbatches} microbatches, pp={pp}")
+    recompute = knobs.categorical("recompute", RECOMPUTE_CHOICES)
+    recompute_layers = 0
+    if recompute != "none":
+        recompute_layers = knobs.int(
+            "recompute_layers", 1, shape.layers, default=shape.layers
+        )
+    sequence_parallel = False
+    if tp > 1:
+        sequence_parallel = knobs.categorical("sequence_parallel", [True, False])
+    zero_stage, overlap_grad_reduce, bucket_size_mb = 0, False, BUCKET_MB_DEFAULT
+    if dp > 1:
+        zero_stage = knobs.categorical("zero_stage", ZERO_CHOICES)
+        overlap_grad_reduce = knobs.categorical("overlap_grad_reduce", [True, False])
+        if overlap_grad_reduce:
+            bucket_size_mb = knobs.float(
+                "bucket_size_mb", 4.0, 1024.0, log=True, default=BUCKET_MB_DEFAULT
+            )
+    comm_sms = knobs.int("comm_sms", 1, 64, default=COMM_SMS_DEFAULT)
+    cuda_graphs = knobs.categorical("cuda_graphs", [False, True])
+    return dict(
+        model=model, gpu=gpu, num_gpus=num_gpus, global_batch=global_batch, seq_len=seq_len,
+        tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, num_microbatches=num_microbatches,
+        vpp=vpp, recompute=recompute, recompute_layers=recompute_layers,
+        sequence_parallel=sequence_parallel, zero_stage=zero_stage,
+        overlap_grad_reduce=overlap_grad_reduce, bucket_size_mb=float(bucket_size_mb),
+        comm_sms=int(comm_sms), cuda_graphs=cuda_graphs,
+    )
+
+
+def expert_config(
+    *, model: str, gpu: str, num_gpus: int, global_batch: int, seq_len: int
+) -> dict[str, Any]:
+    """The configuration an expert would start from, as a full config.
+
+    Recipe: NeMo 2.0 / Megatron-LM Llama-3 pre-training recipes (``llama3_8b``: TP1 PP1 CP2
+    MBS1; ``llama3_70b``: TP4 PP4 VPP5 CP2 with SP; both with the distributed optimizer and
+    overlapped gradient reduction, no recomputation). Our space has no context parallelism, so the
+    CP=2 memory share moves to TP, keeping TP inside a node as the Megatron-LM docs advise. Other
+    sizes follow the same rule of thumb: TP 2 / 4 / 8 at <12B / <30B / larger, PP only when
+    weights do not fit, and VPP giving 4 layers per virtual stage.
+    """
+    shape = model_shape(model)
+    params_b = shape.params / 1e9
+    tp = 2 if params_b < 12 else (4 if params_b < 30 else 8)
+    pp = 1 if params_b < 30 else 4
+    vpp = 1
+    if pp > 1:
+        vpp = max(
+            v for v in VPP_CHOICES if shape.layers % (pp * v) == 0 and shape.layers // (pp * v) >= 4
+        )
+    fixed = dict(
+        tp=tp, pp=pp, micro_batch=1, recompute="none", sequence_parallel=tp > 1,
+        zero_stage=1, overlap_grad_reduce=True, bucket_size_mb=BUCKET_MB_DEFAULT,
+        comm_sms=COMM_SMS_DEFAULT, cuda_graphs=False,
+    )
+    if pp > 1:
+        fixed["vpp"] = vpp
+    return suggest_config(
+        None, model=model, gpu=gpu, num_gpus=num_gpus, global_batch=global_batch,
+        seq_len=seq_len, fixed=fixed,
+    )
+
+
+def measure(config: dict[str, Any], rng: Any = None) -> float:
+    """Reference tokens/s: noiseless when ``rng`` is None, else ~2.5% lognormal noise."""
+    value = _training_model.reference_tokens_per_s(config)
+    if rng is not None:
+        value *= float(rng.lognormal(0.0, _training_model.NOISE_SIGMA))
+    return value
+
+
+def simulate(config: dict[str, Any]) -> float:
+    """Coarse simulator estimate of tokens/s."""
+    return _training_model.simulated_tokens_per_s(config)
+
+
+def _resolve(preset: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    if preset is None:
+        preset = DEFAULT_PRESET
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    options = dict(PRESETS[preset])
+    options.update({k: v for k, v in overrides.items() if v is not None})
+    model_shape(options["model"])
+    gpu_spec(options["gpu"])
+    for key in ("num_gpus", "global_batch", "seq_len"):
+        if not isinstance(options[key], int) or options[key] < 1:
+            raise ValueError(f"{key} must be a positive int, got {options[key]!r}")
+    if options["num_gpus"] % GPUS_PER_NODE and options["num_gpus"] > GPUS_PER_NODE:
+        raise ValueError(f"num_gpus must fill whole {GPUS_PER_NODE}-GPU nodes")
+    return options
+
+
+def optimum_key(options: dict[str, Any]) -> str:
+    """Canonical key of resolved options in ``_optima.json``."""
+    return f"{NAME}:" + json.dumps(options, sort_keys=True)
+
+
+def _stored_optimum(key: str) -> float | None:
+    path = Path(__file__).with_name("_optima.json")
+    if not path.is_file():
+        return None
+    entry = json.loads(path.read_text()).get(key)
+    return None if entry is None else float(entry["value"])
+
+
+def definition(
+    *,
+    preset: str | None = None,
+    model: str | None = None,
+    gpu: str | None = None,
+    num_gpus: int | None = None,
+    global_batch: int | None = None,
+    seq_len: int | None = None,
+    fixed: dict[str, Any] | None = None,
+    dense_at_defaults: bool = False,
+) -> StudyDefinition:
+    """The training study; ``preset`` picks a row of :data:`PRESETS`, other options override it.
+
+    Example:
+        >>> import optuna
+        >>> from autoscout_optuna import Infeasible
+        >>> from autoscout_optuna._objective import reference_objective
+        >>> study_def = definition(preset="8b-64")
+        >>> study = optuna.create_study(direction=study_def.direction)
+        >>> study.optimize(reference_objective(study_def), n_trials=5, catch=(Infeasible,))
+    """
+    base = _resolve(preset, dict(model=model, gpu=gpu, num_gpus=num_gpus,
+                                 global_batch=global_batch, seq_len=seq_len))
+    options = dict(base, dense_at_defaults=bool(dense_at_defaults))
+    if fixed:
+        options["fixed"] = dict(fixed)
+    # A partial of a module-level function, not a closure: the definition pickles (spawn workers).
+    suggest = functools.partial(
+        suggest_config, **base, fixed=dict(fixed or {}), dense_at_defaults=bool(dense_at_defaults)
+    )
+    return StudyDefinition(
+        name=NAME,
+        direction="maximize",
+        metric="tokens/s",
+        suggest=suggest,
+        measure=measure,
+        simulate=simulate,
+        default_config=expert_config(**base),
+        optimum=_stored_optimum(optimum_key(options)),
+        description=(
+            f"{base['model']} pre-training on {base['num_gpus']}x {base['gpu']} "
+            f"(global batch {base['global_batch']} x {base['seq_len']} tokens)"
+        ),
+        options=options,
+    )

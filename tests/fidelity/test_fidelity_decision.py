@@ -1,0 +1,95 @@
+import pytest
+
+from autoscout_optuna.fidelity._decision import FidelitySettings, decide
+
+SETTINGS = FidelitySettings(
+    error_threshold=0.3, rank_error_threshold=0.35, rank_tolerance=0.05, top_fraction=None,
+    optimism=1.0, validation_period=10, n_warmup_real=3, window=10, min_pairs=3,
+)
+# A simulator 10% optimistic everywhere: right order, calibrated scale 1/1.1.
+GOOD = dict(
+    pair_estimates=[1.1, 2.2, 3.3, 4.4, 5.5], pair_reals=[1.0, 2.0, 3.0, 4.0, 5.0], best_real=5.0
+)
+
+
+def _decide(**overrides):
+    arguments = dict(
+        trial_number=1, estimate=3.3, maximize=True, pool_estimates=[1.1, 2.2, 3.3, 4.4, 5.5],
+        settings=SETTINGS, **GOOD,
+    )
+    arguments.update(overrides)
+    return decide(**arguments)
+
+
+def test_estimate_that_cannot_beat_the_best_is_trusted():
+    decision = _decide(estimate=4.4)  # calibrated: 4.0 < 5.0
+    assert (decision.fidelity, decision.reason) == ("simulator", "not_promising")
+    assert decision.error.scale == pytest.approx(1 / 1.1)
+
+
+def test_estimate_that_could_beat_the_best_runs_for_real():
+    # Raw 5.6 looks better than 5.0 only after calibration is ignored: calibrated it is 5.09.
+    assert _decide(estimate=5.6).reason == "could_beat_best"
+    assert _decide(estimate=5.4).fidelity == "simulator"  # calibrated 4.91, no noise to doubt
+
+
+def test_optimism_gives_noisy_estimates_the_benefit_of_the_doubt():
+    noisy = dict(pair_estimates=[1.0, 2.3, 2.8, 4.4, 4.8], pair_reals=[1.0, 2.0, 3.0, 4.0, 5.0])
+    assert _decide(estimate=4.7, **{**GOOD, **noisy}).reason == "could_beat_best"
+    cautious = FidelitySettings(**{**SETTINGS.__dict__, "optimism": 0.0})
+    assert _decide(estimate=4.7, settings=cautious, **{**GOOD, **noisy}).fidelity == "simulator"
+
+
+def test_minimize_mirrors_maximize():
+    mirrored = dict(pair_estimates=[-v for v in GOOD["pair_estimates"]],
+                    pair_reals=[-v for v in GOOD["pair_reals"]], best_real=-5.0)
+    for estimate in (4.4, 5.6):
+        high = _decide(estimate=estimate)
+        low = _decide(estimate=-estimate, maximize=False, **mirrored)
+        assert (high.fidelity, high.reason) == (low.fidelity, low.reason)
+
+
+def test_top_fraction_is_an_optional_second_trigger():
+    ranked = FidelitySettings(**{**SETTINGS.__dict__, "top_fraction": 0.5})
+    decision = _decide(estimate=5.0, settings=ranked, pool_estimates=[1.0, 2.0, 6.0])
+    assert decision.reason == "top_fraction" and decision.estimate_rank == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("estimate", [None, float("nan"), float("inf")])
+def test_no_estimate_runs_for_real(estimate):
+    assert _decide(estimate=estimate).reason == "no_estimate"
+
+
+def test_warm_up_until_enough_pairs():
+    assert _decide(pair_estimates=[1.0, 2.0], pair_reals=[1.0, 2.0]).reason == "warm_up"
+
+
+def test_bad_simulator_switches_to_real_and_recovers():
+    bad = _decide(pair_estimates=[5.0, 4.0, 3.0, 2.0, 1.0])
+    assert (bad.fidelity, bad.reason) == ("real", "simulator_error_high")
+    assert bad.error.discordance == pytest.approx(1.0)
+    # The reversed pairs slide out of the window once enough good pairs follow.
+    estimates = [5.0, 4.0, 3.0, 2.0, 1.0] + [float(v) for v in range(1, 11)]
+    reals = [1.0, 2.0, 3.0, 4.0, 5.0] + [float(v) for v in range(1, 11)]
+    recovered = _decide(pair_estimates=estimates, pair_reals=reals, best_real=10.0)
+    assert recovered.fidelity == "simulator"
+
+
+def test_noisy_simulator_in_right_order_still_fails_on_relative_error():
+    scattered = dict(pair_estimates=[0.5, 2.0, 4.5, 4.0, 9.0], pair_reals=[1.0, 2.0, 3.0, 4.0, 5.0])
+    decision = _decide(**{**GOOD, **scattered})
+    assert decision.reason == "simulator_error_high"
+    assert decision.error.relative_error > 0.3
+
+
+def test_near_ties_do_not_count_as_rank_errors():
+    # Reals within 2% of each other: misordering them is harmless.
+    close = dict(pair_estimates=[5.0, 4.9, 4.8, 4.7, 4.6], pair_reals=[4.9, 4.92, 4.94, 4.96, 4.98])
+    assert _decide(**{**GOOD, **close}).error.discordance is None
+    assert _decide(**{**GOOD, **close}).reason != "simulator_error_high"
+
+
+def test_periodic_validation_by_trial_number():
+    assert _decide(trial_number=20).reason == "periodic_validation"
+    no_validation = FidelitySettings(**{**SETTINGS.__dict__, "validation_period": None})
+    assert _decide(trial_number=20, settings=no_validation).reason == "not_promising"

@@ -1,0 +1,187 @@
+import math
+
+import numpy as np
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autoscout_optuna import FidelityPruner
+from autoscout_optuna.fidelity import multi_fidelity_objective
+
+REASON = "autoscout:fidelity_reason"
+
+
+def _loss(config):
+    # Positive everywhere (like a step time): relative errors are meaningful.
+    return 1.0 + (config["x"] - 1.0) ** 2 + (config["y"] + 0.5) ** 2
+
+
+def _suggest(trial):
+    return {"x": trial.suggest_float("x", -3, 3), "y": trial.suggest_float("y", -3, 3)}
+
+
+def _phased_objective(sign, bad_from, bad_until, calls=None):
+    """The simulator is right before ``bad_from``, reversed until ``bad_until``, then right."""
+
+    def make_estimate(trial):
+        def estimate(config):
+            value = 1.2 * _loss(config)  # 20% pessimistic, in the right order
+            if bad_from <= trial.number < bad_until:
+                value = 1.2 * (35.0 - _loss(config))  # reversed, on the same scale
+            return sign * value
+
+        return estimate
+
+    def objective(trial):
+        config = _suggest(trial)
+        inner = multi_fidelity_objective(
+            lambda _: config, make_estimate(trial), lambda c: sign * _loss(c)
+        )
+        return inner(trial)
+
+    return objective
+
+
+def _run(direction, n_trials, pruner=None, bad=(10**9, 10**9), seed=0):
+    sign = 1.0 if direction == "minimize" else -1.0
+    study = optuna.create_study(
+        direction=direction,
+        sampler=optuna.samplers.RandomSampler(seed=seed),
+        pruner=pruner or FidelityPruner(),
+    )
+    study.optimize(_phased_objective(sign, *bad), n_trials=n_trials)
+    return study
+
+
+def test_switches_to_real_when_simulator_is_bad_and_back_when_it_recovers():
+    study = _run("minimize", 300, bad=(60, 160))
+    trials = study.get_trials()
+    reasons = [t.user_attrs.get(REASON) for t in trials]
+    assert any(t.state == TrialState.PRUNED for t in trials[:60])
+    assert "simulator_error_high" in reasons[60:160]
+    # Once the error is detected, every trial of the bad stretch runs for real.
+    first_alarm = 60 + reasons[60:160].index("simulator_error_high")
+    assert first_alarm < 130
+    assert all(t.state == TrialState.COMPLETE for t in trials[first_alarm:160])
+    # After the simulator recovers, its estimates are trusted again.
+    recovered = [t for t in trials[160:] if t.user_attrs.get(REASON) == "not_promising"]
+    assert len(recovered) > 50
+    assert all(t.state == TrialState.PRUNED for t in recovered)
+    for trial in trials[first_alarm:160]:
+        detail = trial.user_attrs["autoscout:sim_error_detail"]
+        assert detail["relative_error"] > 0.3 or detail["discordance"] > 0.35
+        assert trial.user_attrs["autoscout:sim_error"] == detail["relative_error"]
+
+
+def test_good_simulator_saves_real_runs_and_keeps_the_best():
+    study = _run("minimize", 120)
+    states = [t.state for t in study.get_trials()]
+    assert states.count(TrialState.PRUNED) > states.count(TrialState.COMPLETE)
+    # The best config by the real loss among all trials was run for real (order is right).
+    best_any = min(study.get_trials(), key=lambda t: _loss(t.params))
+    assert best_any.state == TrialState.COMPLETE
+
+
+def test_minimize_and_maximize_decide_alike():
+    low = _run("minimize", 80, bad=(30, 60), seed=3).get_trials()
+    high = _run("maximize", 80, bad=(30, 60), seed=3).get_trials()
+    assert [t.state for t in low] == [t.state for t in high]
+    assert [t.user_attrs.get(REASON) for t in low] == [t.user_attrs.get(REASON) for t in high]
+
+
+def test_state_rebuilds_from_storage_on_resume(tmp_path):
+    rng = np.random.default_rng(7)
+    points = [{"x": float(a), "y": float(b)} for a, b in rng.uniform(-3, 3, size=(40, 2))]
+    objective = _phased_objective(1.0, 10, 30)
+
+    def run(storage, chunks):
+        study = None
+        for i, n_trials in enumerate(chunks):
+            # A fresh study object and pruner instance per chunk: nothing survives in memory.
+            study = optuna.create_study(
+                storage=storage, study_name="resume", load_if_exists=i > 0,
+                pruner=FidelityPruner(n_warmup_real=3, min_pairs=3, window=6, validation_period=3),
+                sampler=optuna.samplers.RandomSampler(seed=i),
+            )
+            if i == 0:
+                for point in points:
+                    study.enqueue_trial(point)
+            study.optimize(objective, n_trials=n_trials)
+        return study.get_trials()
+
+    whole = run(None, [40])
+    resumed = run(f"sqlite:///{tmp_path / 'resume.db'}", [12, 16, 12])
+    reasons = {t.user_attrs.get(REASON) for t in whole}
+    assert {"warm_up", "not_promising", "simulator_error_high"} <= reasons
+    keys = ("autoscout:fidelity", REASON, "autoscout:sim_error")
+    assert [t.params for t in whole] == [t.params for t in resumed]
+    assert [t.state for t in whole] == [t.state for t in resumed]
+    for a, b in zip(whole, resumed, strict=True):
+        assert [a.user_attrs.get(k) for k in keys] == [b.user_attrs.get(k) for k in keys]
+
+
+def test_should_prune_asked_twice_answers_the_same():
+    answers = []
+
+    def objective(trial):
+        x = trial.suggest_float("x", 0, 1)
+        trial.report(x, step=0)
+        first = trial.should_prune()
+        answers.append((first, trial.should_prune()))
+        return x
+
+    study = optuna.create_study(pruner=FidelityPruner(n_warmup_real=2, min_pairs=2))
+    study.optimize(objective, n_trials=30)
+    assert all(first == second for first, second in answers)
+    assert any(first for first, _ in answers)
+
+
+def test_trial_without_estimate_always_runs_for_real():
+    study = optuna.create_study(pruner=FidelityPruner(n_warmup_real=0, min_pairs=2))
+
+    def objective(trial):
+        x = trial.suggest_float("x", 0, 1)
+        return x if trial.should_prune() is False else math.nan
+
+    study.optimize(objective, n_trials=5)
+    assert all(t.state == TrialState.COMPLETE for t in study.get_trials())
+    assert {t.user_attrs[REASON] for t in study.get_trials()} == {"no_estimate"}
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"error_threshold": 0.0}, "error_threshold"),
+        ({"rank_error_threshold": 1.5}, "rank_error_threshold"),
+        ({"rank_tolerance": -0.1}, "rank_tolerance"),
+        ({"optimism": -1.0}, "optimism"),
+        ({"top_fraction": 0.0}, "top_fraction"),
+        ({"top_fraction": 1.5}, "top_fraction"),
+        ({"validation_period": 0}, "validation_period"),
+        ({"validation_period": 2.5}, "validation_period"),
+        ({"n_warmup_real": -1}, "n_warmup_real"),
+        ({"window": 1}, "window"),
+        ({"min_pairs": 1}, "min_pairs"),
+        ({"window": 5, "min_pairs": 6}, "min_pairs"),
+    ],
+)
+def test_invalid_arguments_are_named(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        FidelityPruner(**kwargs)
+
+
+def test_multi_objective_is_refused():
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    trial = study.ask()
+    study.tell(trial, [1.0, 1.0])
+    with pytest.raises(ValueError, match="single-objective"):
+        FidelityPruner().prune(study, study.trials[0])
+
+
+def test_pruner_pickles_and_a_copy_decides_alike():
+    import pickle
+
+    study = _run("minimize", 40)
+    copy = pickle.loads(pickle.dumps(FidelityPruner()))
+    for trial in study.get_trials()[-5:]:
+        assert copy.decide(study, trial) == FidelityPruner().decide(study, trial)

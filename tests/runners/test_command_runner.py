@@ -1,0 +1,177 @@
+"""CommandRunner: each failure class produced by a tiny script, recorded with the right reason."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autoscout_optuna import Infeasible
+from autoscout_optuna._keys import FAILURE_REASON
+from autoscout_optuna.runners import AUTORESEARCH_METRICS, CommandRunner, RunFailed
+
+METRICS = {"val_bpb": r"^val_bpb:\s*(\S+)", "tokens_per_s": r"^tokens_per_s:\s*(\S+)"}
+
+
+def script_runner(tmp_path, body: str, **kwargs) -> CommandRunner:
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(body))
+    kwargs.setdefault("metrics", METRICS)
+    kwargs.setdefault("timeout", 30)
+    kwargs.setdefault("log_dir", tmp_path / "logs")
+    kwargs.setdefault("lock", None)
+    return CommandRunner([sys.executable, str(path), "{x}"], **kwargs)
+
+
+def run_in_study(runner: CommandRunner, x: int = 3):
+    """One trial of a study whose objective is the runner; returns the frozen trial."""
+    study = optuna.create_study(direction="minimize")
+
+    def objective(trial: optuna.Trial) -> float:
+        return runner.run(trial, {"x": trial.suggest_int("x", 1, 10)})["val_bpb"]
+
+    study.enqueue_trial({"x": x})
+    study.optimize(objective, n_trials=1, catch=(Infeasible,))
+    return study.trials[-1]
+
+
+SUCCESS = """
+    import sys
+    print("step 1 | loss 3.0 | tok/s 900")
+    print("val_bpb:", 1.0 / int(sys.argv[1]))
+    print("tokens_per_s: 1234.5")
+"""
+
+
+def test_success_parses_metrics_and_records_them(tmp_path):
+    trial = run_in_study(script_runner(tmp_path, SUCCESS), x=4)
+    assert trial.state == TrialState.COMPLETE
+    assert trial.value == pytest.approx(0.25)
+    assert trial.user_attrs["tokens_per_s"] == pytest.approx(1234.5)
+    assert trial.user_attrs["run:returncode"] == 0
+    assert FAILURE_REASON not in trial.user_attrs
+    log = trial.user_attrs["run:log"]
+    assert "val_bpb: 0.25" in open(log).read()
+
+
+def test_autoresearch_summary_line_works_out_of_the_box(tmp_path):
+    runner = script_runner(tmp_path, 'print("---")\nprint("val_bpb:          0.997900")',
+                           metrics=AUTORESEARCH_METRICS)
+    assert runner.run(None, {"x": 1}) == {"val_bpb": pytest.approx(0.9979)}
+
+
+@pytest.mark.parametrize(
+    "reason, body, kwargs",
+    [
+        ("timeout", "import time\nprint('started', flush=True)\ntime.sleep(60)", {"timeout": 1}),
+        ("oom", "raise MemoryError('cannot allocate')", {}),
+        ("oom", "print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB')\n"
+                "raise SystemExit(1)", {}),
+        ("oom", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", {}),
+        ("nan", "import time\nprint('step 3 | loss nan | tok/s 100', flush=True)\n"
+                "time.sleep(60)", {}),
+        ("nan", "print('val_bpb: nan')\nprint('tokens_per_s: 5')", {}),
+        ("crash", "raise ValueError('bad config')", {}),
+        ("no_metric", "print('finished without a summary')", {}),
+        ("too_slow", "import time\nfor r in (5000, 40, 30, 20):\n"
+                     "    print(f'step | loss 3.0 | tok/s {r}', flush=True)\ntime.sleep(60)",
+         {"expected_throughput": lambda config: 5000.0}),
+    ],
+)
+def test_each_failure_class_is_recorded_and_the_study_goes_on(tmp_path, reason, body, kwargs):
+    trial = run_in_study(script_runner(tmp_path, body, **kwargs))
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs[FAILURE_REASON] == reason
+    assert "run:log" in trial.user_attrs
+
+
+def test_run_failed_is_infeasible_with_reason(tmp_path):
+    runner = script_runner(tmp_path, "raise SystemExit(2)")
+    with pytest.raises(RunFailed) as info:
+        runner.run(None, {"x": 1})
+    assert isinstance(info.value, Infeasible)
+    assert info.value.reason == "crash"
+    assert "exit 2" in info.value.detail
+
+
+def test_too_slow_uses_the_incumbents_throughput(tmp_path):
+    slow = script_runner(tmp_path, "import time\nfor r in (900, 9, 8, 7):\n"
+                                   "    print(f'tok/s {r}', flush=True)\ntime.sleep(60)")
+    study = optuna.create_study(direction="minimize")
+    study.add_trial(optuna.trial.create_trial(
+        params={"x": 2}, distributions={"x": optuna.distributions.IntDistribution(1, 10)},
+        value=1.0, user_attrs={"tokens_per_s": 1000.0}))
+
+    def objective(trial: optuna.Trial) -> float:
+        return slow.run(trial, {"x": trial.suggest_int("x", 1, 10)})["val_bpb"]
+
+    study.optimize(objective, n_trials=1, catch=(Infeasible,))
+    trial = study.trials[-1]
+    assert trial.user_attrs[FAILURE_REASON] == "too_slow"
+    assert trial.user_attrs["run:expected_throughput"] == pytest.approx(1000.0)
+
+
+def test_warmup_reading_is_not_judged(tmp_path):
+    # the first reading (compilation) is 100x slow; the rest are healthy
+    body = "for r in (10, 900, 950):\n    print(f'tok/s {r}')\n" + textwrap.dedent(SUCCESS)
+    runner = script_runner(tmp_path, body, expected_throughput=lambda config: 1000.0)
+    assert runner.run(None, {"x": 2})["val_bpb"] == pytest.approx(0.5)
+
+
+def test_placeholders_are_validated_against_the_params_type(tmp_path):
+    runner = script_runner(tmp_path, SUCCESS)
+    study = optuna.create_study()
+    trial = study.ask()
+    trial.suggest_int("x", 1, 10)
+    with pytest.raises(TypeError, match="'x' is an int parameter"):
+        runner.run(trial, {"x": "3"})
+    with pytest.raises(ValueError, match="outside"):
+        runner.run(trial, {"x": 11})
+    with pytest.raises(KeyError, match=r"\{x\}"):
+        runner.run(None, {"y": 1})
+    with pytest.raises(TypeError, match="must be a str, int, float or bool"):
+        runner.run(None, {"x": [1, 2]})
+    trial.suggest_categorical("mode", ["a", "b"])
+    with pytest.raises(ValueError, match="not one of"):
+        runner.run(trial, {"x": 3, "mode": "c"})
+
+
+def test_arguments_are_passed_without_a_shell(tmp_path):
+    body = "import sys\nprint('val_bpb: 1')\nprint('tokens_per_s: 1')\nprint('ARGS', sys.argv[1:])"
+    path = tmp_path / "echo.py"
+    path.write_text(body)
+    runner = CommandRunner([sys.executable, str(path), "--name={x}", "{{literal}}"],
+                           metrics=METRICS, timeout=30, log_dir=tmp_path, lock=None)
+    study = optuna.create_study()
+    trial = study.ask()
+    runner.run(trial, {"x": "a b; echo pwned"})
+    log = open(study.trials[0].user_attrs["run:log"]).read()
+    assert "ARGS ['--name=a b; echo pwned', '{literal}']" in log
+
+
+def test_constructor_arguments_are_validated():
+    with pytest.raises(TypeError, match="command"):
+        CommandRunner("python train.py", metrics=METRICS, timeout=1)
+    with pytest.raises(ValueError, match="exactly one group"):
+        CommandRunner(["x"], metrics={"m": r"m: \S+"}, timeout=1)
+    with pytest.raises(ValueError, match="timeout"):
+        CommandRunner(["x"], metrics=METRICS, timeout=0)
+    with pytest.raises(ValueError, match="too_slow_fraction"):
+        CommandRunner(["x"], metrics=METRICS, timeout=1, too_slow_fraction=1.5)
+
+
+def test_env_template_and_artifact_upload(tmp_path):
+    from optuna.artifacts import FileSystemArtifactStore
+
+    body = "import os\nprint('val_bpb:', os.environ['JOB_X'])\nprint('tokens_per_s: 1')"
+    store_dir = tmp_path / "artifacts"
+    store_dir.mkdir()
+    runner = script_runner(tmp_path, body, env={"JOB_X": "{x}"},
+                           artifact_store=FileSystemArtifactStore(str(store_dir)))
+    trial = run_in_study(runner, x=7)
+    assert trial.value == 7.0
+    artifact_id = trial.user_attrs["run:log_artifact_id"]
+    assert (store_dir / artifact_id).read_text().startswith("val_bpb: 7")

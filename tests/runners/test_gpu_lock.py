@@ -1,0 +1,77 @@
+"""GpuLock: one owner at a time; a lock left by a dead process is cleaned up."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from autoscout_optuna.runners import GpuLock
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid  # reaped: no process has this pid now (pids are not reused this fast)
+
+
+def test_stale_lock_of_a_dead_process_is_removed(tmp_path):
+    stale = f"{socket.gethostname()}:{dead_pid()}"
+    (tmp_path / "gpu-0.lock").write_text(stale + "\n")
+    lock = GpuLock("0", lock_dir=tmp_path, timeout=0)
+    with lock:
+        assert lock.owner() == f"{socket.gethostname()}:{os.getpid()}"
+        assert lock.stale_removed == stale
+    assert not (tmp_path / "gpu-0.lock").exists()
+
+
+def test_garbage_lock_file_is_stale(tmp_path):
+    (tmp_path / "gpu-1.lock").write_text("")
+    assert GpuLock("1", lock_dir=tmp_path, timeout=0).try_acquire()
+
+
+def test_live_owner_keeps_the_lock(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "gpu-0.lock").write_text(f"{socket.gethostname()}:{sleeper.pid}\n")
+        with pytest.raises(TimeoutError, match="held by"):
+            GpuLock("0", lock_dir=tmp_path, timeout=0).acquire()
+        assert (tmp_path / "gpu-0.lock").read_text().strip().endswith(str(sleeper.pid))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # once the owner is gone its lock is stale and can be taken
+    assert GpuLock("0", lock_dir=tmp_path, timeout=0).try_acquire()
+
+
+def test_two_locks_on_one_gpu_exclude_each_other_but_not_other_gpus(tmp_path):
+    first = GpuLock("0", lock_dir=tmp_path, timeout=0).acquire()
+    assert not GpuLock("0", lock_dir=tmp_path, timeout=0).try_acquire()
+    assert GpuLock("1", lock_dir=tmp_path, timeout=0).try_acquire()
+    first.release()
+    assert GpuLock("0", lock_dir=tmp_path, timeout=0).try_acquire()
+
+
+def test_another_hosts_lock_is_respected(tmp_path):
+    (tmp_path / "gpu-0.lock").write_text(f"not-{socket.gethostname()}:{dead_pid()}\n")
+    assert not GpuLock("0", lock_dir=tmp_path, timeout=0).try_acquire()
+
+
+def test_release_never_removes_someone_elses_lock(tmp_path):
+    lock = GpuLock("0", lock_dir=tmp_path, timeout=0).acquire()
+    (tmp_path / "gpu-0.lock").write_text("other-host:1\n")  # taken over after a stale cleanup
+    lock.release()
+    assert (tmp_path / "gpu-0.lock").exists()
+
+
+def test_arguments_are_validated_and_lock_pickles_unheld(tmp_path):
+    with pytest.raises(ValueError, match="name"):
+        GpuLock("../x", lock_dir=tmp_path)
+    with pytest.raises(ValueError, match="timeout"):
+        GpuLock("0", lock_dir=tmp_path, timeout=-1)
+    lock = GpuLock("0", lock_dir=tmp_path).acquire()
+    assert pickle.loads(pickle.dumps(lock)).held is False

@@ -1,0 +1,60 @@
+"""MFU arithmetic on hand-computed cases, and the peak table picked by device name."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoscout_optuna.runners import flops_per_token, lookup_peak, mfu
+from autoscout_optuna.runners._mfu import device_peak
+
+
+def test_flops_per_token_by_hand():
+    # 6 * 1000 weights + 12 * 2 layers * 64 width * 128 tokens = 6000 + 196608
+    assert flops_per_token(1000, 2, 64, 128) == 202_608
+    assert flops_per_token(10**6, 0, 0, 0) == 6e6
+
+
+def test_mfu_by_hand():
+    # 10k tok/s * 1 MFLOP/token = 10 GFLOP/s of a 100 GFLOP/s device
+    assert mfu(1e4, 1e6, 1e11) == pytest.approx(0.1)
+    # the practitioner's RTX 5090 case: 42.6% of 209.5 TFLOP/s bf16 dense
+    peak = lookup_peak("NVIDIA GeForce RTX 5090", "bf16").flops
+    assert peak == pytest.approx(209.5e12)
+    assert mfu(0.426 * peak / 1e9, 1e9, peak) == pytest.approx(0.426)
+    with pytest.raises(ValueError, match="peak_flops"):
+        mfu(1.0, 1.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "name, dtype, tflops",
+    [
+        ("NVIDIA H200", "bf16", 989.4),
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+        ("NVIDIA H100 PCIe", "bf16", 756.5),
+        ("NVIDIA H100 PCIe", "tf32", 378.0),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+        ("NVIDIA A10", "bf16", 125.0),  # not the A100's figure
+        ("NVIDIA A40", "fp32", 37.4),
+        ("NVIDIA L40S", "bf16", 362.1),
+        ("NVIDIA L4", "bf16", 121.0),  # not the L40S's figure
+        ("NVIDIA GeForce RTX 4090", "fp16", 165.2),
+        ("NVIDIA GH200 480GB", "bf16", 989.4),
+    ],
+)
+def test_peak_is_picked_by_device_name(name, dtype, tflops):
+    peak = lookup_peak(name, dtype)
+    assert peak.source == "table"
+    assert peak.flops == pytest.approx(tflops * 1e12)
+
+
+def test_unknown_device_or_unsupported_dtype_has_no_table_entry():
+    assert lookup_peak("Some Future GPU", "bf16") is None
+    assert lookup_peak("Tesla V100-SXM2-16GB", "bf16") is None
+    with pytest.raises(ValueError, match="dtype"):
+        lookup_peak("NVIDIA H200", "int8")
+
+
+def test_cpu_peak_is_measured_and_says_so():
+    peak = device_peak("cpu", "fp32")
+    assert peak.source == "measured"
+    assert peak.flops > 1e8  # any CPU that runs this test does more than 0.1 GFLOP/s

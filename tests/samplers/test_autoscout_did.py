@@ -1,0 +1,106 @@
+import math
+
+import pytest
+
+from autoscout_optuna.samplers._autoscout.did import (
+    FAILURE_REWARD,
+    ArmOutcome,
+    arm_rewards,
+    pooled_noise,
+    score_scale,
+    structure_potential,
+)
+
+
+def test_startup_trials_get_no_reward():
+    outcomes = [ArmOutcome("startup", "A", 1.0), ArmOutcome("startup", "B", 2.0)]
+    assert arm_rewards(outcomes) == [None, None]
+
+
+def test_failed_trial_penalizes_its_arm():
+    outcomes = [ArmOutcome("startup", "A", 1.0), ArmOutcome("explore", "B", None)]
+    assert arm_rewards(outcomes)[1] == FAILURE_REWARD < 0
+
+
+def test_good_structure_is_not_sunk_by_a_tuned_incumbent():
+    # Structure A: first 1.0, tuned by refinement to 3.0. New structure B scores 1.5: below the
+    # tuned incumbent, but above A at the same stage of tuning (its first evaluation).
+    outcomes = [
+        ArmOutcome("startup", "A", 1.0),
+        ArmOutcome("refine", "A", 2.0),
+        ArmOutcome("refine", "A", 3.0),
+        ArmOutcome("explore", "B", 1.5),
+    ]
+    assert arm_rewards(outcomes, estimator="did")[3] > 0
+    assert arm_rewards(outcomes, estimator="naive")[3] == 0
+
+
+def test_refinement_is_not_credited_with_a_lucky_structure():
+    # B is much better than A. A step on B that makes B worse earns nothing, even though it is
+    # far above A; a step that improves A earns, even though A stays below B.
+    outcomes = [
+        ArmOutcome("startup", "A", 1.0),
+        ArmOutcome("explore", "B", 5.0),
+        ArmOutcome("refine", "A", 1.1),
+        ArmOutcome("refine", "B", 4.5),
+    ]
+    rewards = arm_rewards(outcomes, estimator="did")
+    assert rewards[2] > 0
+    assert rewards[3] == 0
+    assert arm_rewards(outcomes, estimator="naive")[2] == 0
+
+
+def test_gains_within_measurement_noise_earn_nothing():
+    outcomes = [ArmOutcome("startup", "A", 10.0), ArmOutcome("refine", "A", 10.5)]
+    assert arm_rewards(outcomes, noise=0.0)[1] > 0
+    assert arm_rewards(outcomes, noise=1.0)[1] == 0
+
+
+def test_rewards_bounded_and_scale_invariant():
+    base = [
+        ArmOutcome("startup", "A", 1.0),
+        ArmOutcome("refine", "A", 4.0),
+        ArmOutcome("explore", "B", -3.0),
+        ArmOutcome("explore", "C", 9.0),
+        ArmOutcome("refine", "C", None),
+    ]
+    scaled = [ArmOutcome(o.arm, o.structure, None if o.score is None else o.score * 1000)
+              for o in base]
+    r1, r2 = arm_rewards(base), arm_rewards(scaled)
+    for a, b in zip(r1, r2, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert -1 <= a < 1
+            assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_potential_favours_a_structure_that_beat_the_incumbent_at_the_same_stage():
+    outcomes = [
+        ArmOutcome("startup", "A", 1.0),
+        ArmOutcome("refine", "A", 2.0),
+        ArmOutcome("refine", "A", 3.0),  # A gained 2.0 by tuning
+        ArmOutcome("explore", "B", 2.5),  # B, untuned, is 1.5 above untuned A
+    ]
+    potential = structure_potential(outcomes)
+    assert potential["A"] == 3.0
+    assert potential["B"] == pytest.approx(4.5)
+    assert structure_potential(outcomes, estimator="naive")["B"] == 2.5
+    # Measurement noise discounts the incumbent's gain (the best of many is lucky).
+    assert structure_potential(outcomes, noise=1.0)["B"] == pytest.approx(2.5)
+
+
+def test_pooled_noise():
+    assert pooled_noise([[1.0], [2.0]]) == 0.0
+    assert pooled_noise([[1.0, 3.0], [5.0, 5.0]]) == pytest.approx(math.sqrt(2.0 / 2))
+
+
+def test_score_scale_never_zero():
+    assert score_scale([]) == 1.0
+    assert score_scale([2.0, 2.0, 2.0]) > 0
+
+
+def test_unknown_estimator_is_rejected():
+    with pytest.raises(ValueError, match="estimator"):
+        arm_rewards([], estimator="magic")
+    with pytest.raises(ValueError, match="estimator"):
+        structure_potential([], estimator="magic")

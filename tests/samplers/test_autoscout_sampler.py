@@ -1,0 +1,296 @@
+import pickle
+
+import optuna
+import pytest
+from optuna.distributions import FloatDistribution
+from optuna.samplers import BaseSampler
+from optuna.testing.pytest_samplers import BasicSamplerTestCase, SingleOnlySamplerTestCase
+from optuna.trial import TrialState
+
+from autoscout_optuna import AutoScoutSampler, _keys
+from autoscout_optuna._rng import trial_rng
+from autoscout_optuna._space import from_unit
+from autoscout_optuna.samplers._autoscout.transplant import TransplantSampler
+
+
+class FakeArm(BaseSampler):
+    """Deterministic from (seed, trial number, param): resumable like a real sub-sampler.
+
+    Records which hooks ran for which trial, and the structure attr it was given.
+    """
+
+    def __init__(self, name, seed=0):
+        self.name, self.seed, self.calls, self.structures = name, seed, [], {}
+
+    def reseed_rng(self):
+        self.calls.append(("reseed_rng", None))
+
+    def before_trial(self, study, trial):
+        self.calls.append(("before_trial", trial.number))
+        fresh = study._storage.get_trial(trial._trial_id)
+        self.structures[trial.number] = fresh.system_attrs.get(_keys.STRUCTURE)
+
+    def infer_relative_search_space(self, study, trial):
+        self.calls.append(("infer_relative_search_space", trial.number))
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        self.calls.append(("sample_relative", trial.number))
+        return {}
+
+    def sample_independent(self, study, trial, name, distribution):
+        self.calls.append(("sample_independent", trial.number))
+        rng = trial_rng(self.seed, trial.number, name)
+        if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+            return distribution.choices[int(rng.integers(len(distribution.choices)))]
+        return from_unit(distribution, float(rng.random()))
+
+    def after_trial(self, study, trial, state, values):
+        self.calls.append(("after_trial", trial.number))
+
+
+def conditional_objective(trial):
+    layout = trial.suggest_categorical("layout", ["tp", "pp", "dp"])
+    extra = 0.0
+    if layout == "tp":
+        extra = trial.suggest_int("tp_size", 1, 4) * 0.1
+    x = trial.suggest_float("x", -5.0, 5.0)
+    lr = trial.suggest_float("lr", 1e-4, 1e-1, log=True)
+    return (x - 1.0) ** 2 + {"tp": 0.0, "pp": 1.0, "dp": 2.0}[layout] + extra + lr
+
+
+def make_faked(seed=0, **kwargs):
+    return AutoScoutSampler(
+        seed=seed, explore_sampler=FakeArm("explore", seed), refine_sampler=FakeArm("refine", seed),
+        **kwargs,
+    )
+
+
+class TestContract(BasicSamplerTestCase, SingleOnlySamplerTestCase):
+    @pytest.fixture
+    def sampler(self):
+        return lambda: AutoScoutSampler(seed=0, n_startup_trials=2)
+
+
+def test_every_trial_records_arm_and_reason():
+    study = optuna.create_study(sampler=make_faked(n_startup_trials=4))
+    study.optimize(conditional_objective, n_trials=20)
+    arms = [t.user_attrs[_keys.ARM] for t in study.trials]
+    assert arms[:4] == ["startup"] * 4
+    assert set(arms[4:]) <= {"explore", "refine"} and len(set(arms[4:])) == 2
+    assert all(isinstance(t.user_attrs[_keys.REASON], str) for t in study.trials)
+    assert all("autoscout:bandit" in t.user_attrs for t in study.trials[4:])
+
+
+def test_hooks_go_to_the_chosen_arm_only():
+    sampler = make_faked(n_startup_trials=2)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(conditional_objective, n_trials=15)
+    for trial in study.trials[2:]:
+        arm = trial.user_attrs[_keys.ARM]
+        chosen = sampler._explore if arm == "explore" else sampler._refine
+        other = sampler._refine if arm == "explore" else sampler._explore
+        hooks = {hook for hook, number in chosen.calls if number == trial.number}
+        assert {"before_trial", "sample_relative", "sample_independent", "after_trial"} <= hooks
+        assert not [h for h, number in other.calls if number == trial.number]
+
+
+def test_naive_refine_arm_gets_the_incumbent_structure():
+    sampler = make_faked(n_startup_trials=3, policy="alternate", reward="naive")
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(conditional_objective, n_trials=12)
+    for trial in study.trials:
+        if trial.user_attrs[_keys.ARM] != "refine":
+            continue
+        earlier = [t for t in study.trials[: trial.number] if t.state == TrialState.COMPLETE]
+        best = min(earlier, key=lambda t: t.value)
+        expected = {"layout": best.params["layout"]}
+        if "tp_size" in best.params:
+            expected["tp_size"] = best.params["tp_size"]
+        assert sampler._refine.structures[trial.number] == expected
+
+
+def test_did_refine_target_is_recorded_and_is_a_seen_structure():
+    sampler = make_faked(n_startup_trials=3, policy="alternate")
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(conditional_objective, n_trials=14)
+    refined = [t for t in study.trials if t.user_attrs[_keys.ARM] == "refine"]
+    assert refined
+    for trial in refined:
+        structure = sampler._refine.structures[trial.number]
+        assert "potential" in trial.user_attrs["autoscout:refine_target"]
+        assert any(
+            all(t.params.get(k) == v for k, v in structure.items())
+            for t in study.trials[: trial.number]
+        )
+
+
+def test_neighbour_arm_changes_one_structural_param_of_the_incumbent():
+    study = optuna.create_study(sampler=AutoScoutSampler(
+        seed=1, n_startup_trials=3, neighbour_arm=True, policy="alternate",
+        explore_sampler=FakeArm("explore"), refine_sampler=FakeArm("refine"),
+    ))
+    study.optimize(conditional_objective, n_trials=15)
+    moved = [t for t in study.trials if t.user_attrs[_keys.ARM] == "neighbour"]
+    assert moved
+    for trial in moved:
+        name, value = trial.user_attrs["autoscout:move"]
+        assert trial.params[name] == value
+        # the dense knobs are the incumbent's (transplanted), not resampled
+        earlier = [t for t in study.trials[: trial.number] if t.state == TrialState.COMPLETE]
+        assert trial.params["x"] in {t.params["x"] for t in earlier}
+
+
+def test_startup_covers_every_structural_value_and_shares_dense_values():
+    study = optuna.create_study(sampler=AutoScoutSampler(seed=3, n_startup_trials=3))
+    study.optimize(conditional_objective, n_trials=3)
+    assert {t.params["layout"] for t in study.trials} == {"tp", "pp", "dp"}
+    # Dense knobs stay at one shared setting while structures are met for the first time.
+    assert len({(t.params["x"], t.params["lr"]) for t in study.trials}) == 1
+
+
+def test_explore_dense_values_come_from_the_incumbent():
+    transplant = TransplantSampler(seed=0)
+    study = optuna.create_study(sampler=AutoScoutSampler(
+        seed=0, n_startup_trials=2, explore_sampler=transplant, refine_sampler=FakeArm("r"),
+        dense_optimizer=False,
+    ))
+    study.enqueue_trial({"layout": "dp", "x": 1.0, "lr": 1e-3})
+    study.optimize(conditional_objective, n_trials=6)
+    for trial in study.trials[1:]:
+        assert trial.params["x"] == 1.0  # the incumbent's value, never resampled
+        best = min(study.trials[: trial.number], key=lambda t: t.value)
+        assert trial.user_attrs["autoscout:donor"] == best.number
+
+
+def test_same_seed_same_study_and_resume_reproduces(tmp_path):
+    def run(storage, n, seed=5):
+        study = optuna.create_study(
+            sampler=make_faked(seed), storage=storage, study_name="s", load_if_exists=True
+        )
+        study.optimize(conditional_objective, n_trials=n)
+        return study
+
+    once = run(None, 24)
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    run(url, 12)
+    resumed = run(url, 12)  # a fresh sampler object: nothing but storage carries over
+    for a, b in zip(once.trials, resumed.trials, strict=True):
+        assert a.params == b.params
+        assert a.user_attrs[_keys.ARM] == b.user_attrs[_keys.ARM]
+
+
+def test_all_evidence_kinds_are_read_without_crashing():
+    study = optuna.create_study(sampler=make_faked(n_startup_trials=2))
+
+    def objective(trial):
+        value = conditional_objective(trial)
+        if trial.number % 5 == 1:
+            raise RuntimeError("crash")
+        if trial.number % 5 == 2:
+            trial.report(value, step=0)
+            raise optuna.TrialPruned()
+        if trial.number % 5 == 3:
+            return float("nan")
+        return value
+
+    running = study.ask()  # a pending trial from "another worker"
+    running.suggest_float("x", -5.0, 5.0)
+    study.optimize(objective, n_trials=25, catch=(RuntimeError,))
+    states = {t.state for t in study.trials}
+    assert {TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED, TrialState.RUNNING} <= states
+
+
+def test_failures_are_penalized():
+    # Explore always proposes infeasible configs: the bandit must move to refine.
+    class Failing(FakeArm):
+        pass
+
+    sampler = AutoScoutSampler(
+        seed=0, n_startup_trials=4, explore_sampler=Failing("explore"),
+        refine_sampler=FakeArm("refine"),
+    )
+    study = optuna.create_study(sampler=sampler)
+
+    def objective(trial):
+        value = conditional_objective(trial)
+        if trial.user_attrs.get(_keys.ARM) == "explore" or _arm(study, trial) == "explore":
+            raise RuntimeError("infeasible")
+        return value
+
+    study.optimize(objective, n_trials=60, catch=(RuntimeError,))
+    late = [t.user_attrs[_keys.ARM] for t in study.trials[30:]]
+    assert late.count("explore") / len(late) < 0.3
+
+
+def _arm(study, trial):
+    return study._storage.get_trial(trial._trial_id).user_attrs.get(_keys.ARM)
+
+
+def test_parallel_workers_and_pickling():
+    sampler = AutoScoutSampler(seed=0, n_startup_trials=3)
+    clone = pickle.loads(pickle.dumps(sampler))
+    assert isinstance(clone, AutoScoutSampler)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(conditional_objective, n_trials=16, n_jobs=2)
+    assert len(study.trials) == 16
+    assert all(_keys.ARM in t.user_attrs for t in study.trials)
+
+
+def test_reseed_rng_reaches_sub_samplers():
+    sampler = make_faked()
+    sampler.reseed_rng()
+    assert ("reseed_rng", None) in sampler._explore.calls
+    assert ("reseed_rng", None) in sampler._refine.calls
+
+
+def test_transplant_without_plan_samples_inside_the_domain():
+    study = optuna.create_study(sampler=TransplantSampler(seed=1))
+    study.optimize(lambda t: t.suggest_float("x", 2.0, 3.0), n_trials=10)
+    xs = [t.params["x"] for t in study.trials]
+    assert all(2.0 <= x <= 3.0 for x in xs) and len(set(xs)) > 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"n_startup_trials": -1}, "n_startup_trials"),
+        ({"policy": "greedy"}, "policy"),
+        ({"reward": "magic"}, "reward"),
+        ({"estimate_weight": 2.0}, "estimate_weight"),
+        ({"floor": 0.9}, "floor"),
+        ({"discount": 0.0}, "discount"),
+    ],
+)
+def test_invalid_arguments_name_themselves(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        AutoScoutSampler(**kwargs)
+
+
+def test_multi_objective_is_refused():
+    study = optuna.create_study(directions=["minimize", "minimize"], sampler=AutoScoutSampler())
+    trial = study.ask()
+    with pytest.raises(ValueError, match="single-objective"):
+        study.sampler.sample_independent(study, trial._cached_frozen_trial, "x",
+                                         FloatDistribution(0, 1))
+
+
+def test_benchmark_suites_compare_ablations_and_measure_overhead():
+    from autoscout_optuna.benchmark.suites import autoscout as suite_module
+
+    suites = {s.name: s for s in suite_module.suites()}
+    main = suites["autoscout"]
+    names = {c.name for c in main.contenders}
+    assert {"autoscout", "tpe", "gp", "cmaes", "random", "ablation: alternation",
+            "ablation: no dense optimizer", "ablation: naive reward"} <= names
+    assert main.n_seeds >= 10 and main.n_trials == 100
+    assert suites["autoscout-overhead"].n_trials == 5000
+    # the overhead space really has 15 knobs, spread over conditional branches
+    knobs = set()
+    for backend in ("gemm", "flash", "fused"):
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        study.enqueue_trial({"backend": backend})
+        study.optimize(lambda t: suite_module.overhead_measure(
+            suite_module.overhead_suggest(t)), n_trials=1, catch=(Exception,))
+        knobs |= set(study.trials[0].params)
+    assert len(knobs) == 15

@@ -1,0 +1,238 @@
+"""The pure coordinate-descent rule (``samplers/_coordinate/search.py``) on plain numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoscout_optuna.samplers._coordinate import search
+from autoscout_optuna.samplers._coordinate.search import (
+    ESTIMATE,
+    FAILED,
+    PENDING,
+    REAL,
+    Evidence,
+    Settings,
+    choose_center,
+    parabola_vertex,
+    plan_move,
+)
+
+
+class Rows:
+    """Build an :class:`Evidence` trial by trial, the way the sampler records moves."""
+
+    def __init__(self, d: int) -> None:
+        self.d = d
+        self.points: list[np.ndarray] = []
+        self.scores: list[float] = []
+        self.kinds: list[int] = []
+        self.moved: list[int] = []
+        self.centers: list[int] = []
+        self.restarts: list[bool] = []
+
+    def add(self, point, score=np.nan, kind=REAL, moved=-1, center=-1, restart=False) -> None:
+        self.points.append(np.asarray(point, dtype=float))
+        self.scores.append(float(score))
+        self.kinds.append(kind)
+        self.moved.append(moved)
+        self.centers.append(center)
+        self.restarts.append(restart)
+
+    def add_move(self, move: search.Move, score: float, kind: int = REAL) -> None:
+        self.add(move.point, score, kind, move.coordinate, move.center, move.phase == "restart")
+
+    def evidence(self) -> Evidence:
+        return Evidence(
+            points=np.array(self.points, dtype=float).reshape(len(self.points), self.d),
+            scores=np.array(self.scores, dtype=float),
+            kinds=np.array(self.kinds, dtype=int),
+            moved=np.array(self.moved, dtype=int),
+            centers=np.array(self.centers, dtype=int),
+            restarts=np.array(self.restarts, dtype=bool),
+        )
+
+
+DEFAULTS = Settings()
+
+
+def run(objective, d: int, n: int, settings: Settings = DEFAULTS, snap=None, seed: int = 0):
+    """Drive plan_move for ``n`` trials on ``objective(point) -> score or None (infeasible)``."""
+    rows = Rows(d)
+    moves = []
+    for number in range(n):
+        move = plan_move(rows.evidence(), settings, np.random.default_rng([seed, number]),
+                         snap=snap, start=np.full(d, 0.5))
+        score = objective(move.point)
+        rows.add_move(move, np.nan if score is None else score, FAILED if score is None else REAL)
+        moves.append(move)
+    return rows, moves
+
+
+def test_parabola_vertex_is_exact_on_a_quadratic() -> None:
+    f = lambda u: -3.0 * (u - 0.37) ** 2 + 1.0  # noqa: E731
+    assert parabola_vertex(0.1, f(0.1), 0.3, f(0.3), 0.8, f(0.8)) == pytest.approx(0.37)
+
+
+def test_parabola_vertex_refuses_a_convex_triple() -> None:
+    assert parabola_vertex(0.0, 1.0, 0.5, 0.0, 1.0, 1.0) is None
+
+
+def test_first_move_is_the_start_point() -> None:
+    move = plan_move(Rows(3).evidence(), Settings(), np.random.default_rng(0),
+                     start=np.array([0.2, 0.4, 0.6]))
+    assert move.phase == "startup"
+    np.testing.assert_allclose(move.point, [0.2, 0.4, 0.6])
+
+
+def test_taken_start_point_leads_to_a_different_startup_point() -> None:
+    rows = Rows(2)
+    rows.add([0.5, 0.5], kind=FAILED)
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0), start=np.full(2, 0.5))
+    assert move.phase == "startup"
+    assert not np.allclose(move.point, 0.5)
+
+
+def test_single_lucky_measurement_is_confirmed_before_the_center_moves() -> None:
+    rows = Rows(1)
+    rows.add([0.5], 1.0)
+    rows.add([0.75], 2.0, moved=0, center=0)
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert move.phase == "confirm"
+    np.testing.assert_allclose(move.point, [0.75])
+    assert move.center == 0  # the first point still stands
+
+
+def test_noise_estimate_keeps_center_on_the_lower_confidence_bound() -> None:
+    rows = Rows(1)
+    for point, values in (([0.2], [1.0, 1.2]), ([0.4], [2.0, 1.8]), ([0.6], [1.95])):
+        for value in values:
+            rows.add(point, value)
+    center, top, noise = choose_center(rows.evidence(), confidence=2.0)
+    assert noise == pytest.approx(np.sqrt((0.02 + 0.02) / 2))
+    assert rows.points[center][0] == pytest.approx(0.4)  # 1.95 once is within the noise
+    assert rows.points[top][0] == pytest.approx(0.6)  # ... so it is the one to re-measure
+
+
+def test_noiseless_clear_improvement_moves_center_without_confirmation() -> None:
+    rows = Rows(1)
+    for point, values in (([0.2], [1.0, 1.0]), ([0.4], [2.0, 2.0]), ([0.6], [3.0])):
+        for value in values:
+            rows.add(point, value)
+    center, top, noise = choose_center(rows.evidence(), confidence=2.0)
+    assert noise == 0.0
+    assert center == top == 4
+
+
+def test_bracketed_line_jumps_to_the_parabola_vertex() -> None:
+    f = lambda u: -((u - 0.58) ** 2)  # noqa: E731
+    rows = Rows(1)
+    rows.add([0.5], f(0.5))
+    rows.add([0.5], f(0.5))  # repeated: a noise estimate of zero once a second pair exists
+    rows.add([0.25], f(0.25), moved=0, center=0)
+    rows.add([0.75], f(0.75), moved=0, center=0)
+    rows.add([0.25], f(0.25))
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert move.phase == "step"
+    assert move.point[0] == pytest.approx(0.58)
+
+
+@pytest.mark.parametrize("rule", search.RULES)
+def test_separable_quadratic_is_solved_quickly(rule: str) -> None:
+    target = np.array([0.21, 0.83, 0.64, 0.4])
+    rows, _ = run(lambda u: -float(np.sum((u - target) ** 2)), 4, 45, Settings(rule=rule))
+    best = rows.points[int(np.nanargmax(rows.scores))]
+    assert np.max(np.abs(best - target)) < 0.02
+
+
+def test_failed_points_are_walls_that_are_never_crossed_again() -> None:
+    wall = 0.7
+
+    def objective(u):
+        return None if u[0] > wall else float(u[0] - 0.3 * (u[1] - 0.5) ** 2)
+
+    rows, moves = run(objective, 2, 40)
+    kinds = np.array(rows.kinds)
+    points = np.array(rows.points)
+    fails = [m.phase for m, k in zip(moves, kinds, strict=True) if k == FAILED]
+    assert sum(phase in ("probe", "step") for phase in fails) <= 6  # bisecting to the wall
+    assert fails.count("slide") <= 8  # this wall couples nothing: sliding along it fails
+    # No line move re-proposes a failed point or steps beyond one on its line.
+    for number, move in enumerate(moves):
+        if move.phase == "restart":
+            continue
+        earlier = points[:number][kinds[:number] == FAILED]
+        on_line = np.abs(earlier[:, 1] - move.point[1]) < 1e-9
+        assert not np.any(on_line & (move.point[0] >= earlier[:, 0] - 1e-12))
+    best = np.array(rows.points)[int(np.nanargmax(rows.scores))]
+    assert wall - 0.02 < best[0] <= wall
+
+
+def test_step_shrinks_after_a_failure_and_grows_after_a_success() -> None:
+    settings = Settings(initial_step=0.2)
+    rows = Rows(1)
+    rows.add([0.5], 1.0)
+    rows.add([0.7], np.nan, kind=FAILED, moved=0, center=0)
+    assert search.step_size(rows.evidence(), settings, 0) == pytest.approx(0.1)
+    rows.add([0.3], 2.0, moved=0, center=0)
+    assert search.step_size(rows.evidence(), settings, 0) == pytest.approx(0.4)
+    rows.add([0.4], 0.5, moved=0, center=2)
+    assert search.step_size(rows.evidence(), settings, 0) == pytest.approx(0.05)
+
+
+def test_pending_point_is_not_proposed_again() -> None:
+    rows = Rows(2)
+    rows.add([0.5, 0.5], 1.0)
+    first = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    rows.add(first.point, kind=PENDING, moved=first.coordinate, center=0)
+    second = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert not np.allclose(first.point, second.point)
+
+
+def test_estimates_never_become_the_center() -> None:
+    rows = Rows(1)
+    rows.add([0.5], 1.0)
+    rows.add([0.75], 100.0, kind=ESTIMATE, moved=0, center=0)
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert move.center == 0
+    assert move.phase != "confirm"
+    assert not np.isclose(move.point[0], 0.75)
+
+
+def test_cyclic_rule_continues_after_the_last_moved_coordinate() -> None:
+    rows = Rows(3)
+    rows.add([0.5, 0.5, 0.5], 1.0)
+    rows.add([0.5, 0.75, 0.5], 0.5, moved=1, center=0)
+    # The line being searched first, then the next ones in cyclic order.
+    assert search.coordinate_order(rows.evidence(), Settings(), np.random.default_rng(0), 0) == [
+        1, 2, 0]
+
+
+def test_resolved_center_restarts_with_growing_radius() -> None:
+    rows = Rows(2)
+    rows.add([0.5, 0.5], 1.0)
+    rows.add([0.5, 0.5], 1.0)
+    for i in range(2):
+        for u in (0.4, 0.6, 0.45, 0.55):
+            point = [0.5, 0.5]
+            point[i] = u
+            rows.add(point, 1.0 - (u - 0.5) ** 2, moved=i, center=0)
+    first = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert first.phase == "restart"
+    rows.add_move(first, 0.0)
+    second = plan_move(rows.evidence(), Settings(), np.random.default_rng(1))
+    assert second.phase == "restart"
+    assert second.step == pytest.approx(2 * first.step)
+
+
+def test_integer_snap_moves_at_least_one_grid_step() -> None:
+    grid = 1 / 9  # an int knob with 10 values
+
+    def snap(i, u):
+        return float(np.clip(round(u / grid) * grid, 0.0, 1.0))
+
+    rows, moves = run(lambda u: -float((u[0] - 7 * grid) ** 2), 1, 12,
+                      Settings(initial_step=0.01), snap=snap)
+    values = np.array(rows.points)[:, 0] / grid
+    np.testing.assert_allclose(values, np.round(values), atol=1e-9)
+    assert np.nanmax(rows.scores) == pytest.approx(0.0, abs=1e-12)

@@ -1,0 +1,136 @@
+"""The pure tree code of MCTSSampler, on plain arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoscout_optuna.samplers._mcts.descent import TreePolicy, plan_path
+from autoscout_optuna.samplers._mcts.tree import (
+    ABSENT,
+    child_scores,
+    node_rows,
+    normalize_rewards,
+    pick,
+)
+
+GREEDY = TreePolicy(exploration=0.0, rave_equivalence=0.0, rave_visit_share=0.0)
+
+
+def test_rewards_are_ranks_so_any_monotone_rescaling_gives_the_same():
+    kinds = ["real"] * 5
+    scores = [3.0, -1.0, 10.0, 2.0, 2.0]
+    rewards, weights = normalize_rewards(scores, kinds)
+    rescaled, _ = normalize_rewards([np.exp(s) for s in scores], kinds)
+    np.testing.assert_allclose(rewards, rescaled)
+    assert rewards[2] == 1.0 and rewards[1] == 0.0
+    assert rewards[3] == rewards[4]  # ties share their rank
+    np.testing.assert_array_equal(weights, np.ones(5))
+
+
+def test_failed_below_every_real_pending_is_worst_real_estimate_weighs_less():
+    kinds = ["real", "real", "failed", "pending", "estimate"]
+    rewards, weights = normalize_rewards(
+        [1.0, 2.0, None, None, 5.0], kinds, failure_reward=-0.5, estimate_weight=0.25
+    )
+    assert rewards[2] == -0.5 < rewards[:2].min()
+    assert rewards[3] == min(rewards[0], rewards[1], rewards[4])
+    assert rewards[4] == 1.0 and weights[4] == 0.25
+    with pytest.raises(ValueError, match="kind"):
+        normalize_rewards([1.0], ["bogus"])
+
+
+def test_untried_child_goes_first_and_better_mean_scores_higher():
+    codes = np.array([[0], [0], [1], [1]])
+    rewards = np.array([0.9, 0.8, 0.1, 0.2])
+    scores = child_scores(
+        codes, 0, 3, rewards, np.ones(4), np.arange(4),
+        exploration=0.5, rave_equivalence=1.0, rave_visit_share=0.1,
+    )
+    assert np.isinf(scores.score[2])
+    assert scores.value[0] > scores.value[1]
+    np.testing.assert_allclose(scores.visits, [2, 2, 0])
+
+
+def test_rave_uses_study_wide_statistics_for_a_child_unseen_in_this_node():
+    # Column 1's value 1 was good everywhere, but never under column 0 = 0.
+    codes = np.array([[0, 0], [1, 1], [1, 1], [1, 0]])
+    rewards = np.array([0.5, 1.0, 1.0, 0.0])
+    rows = node_rows(codes, {0: 0})
+    scores = child_scores(
+        codes, 1, 2, rewards, np.ones(4), rows,
+        exploration=0.0, rave_equivalence=2.0, rave_visit_share=0.1,
+    )
+    assert np.isfinite(scores.score).all()
+    assert scores.value[1] == pytest.approx(1.0)  # study-wide mean of value 1
+    assert scores.visits[1] == 0
+
+
+def test_node_rows_keep_rows_that_lack_the_column():
+    codes = np.array([[0, 1], [1, ABSENT], [0, ABSENT], [1, 0]])
+    np.testing.assert_array_equal(node_rows(codes, {0: 0}), [0, 2])
+    np.testing.assert_array_equal(node_rows(codes, {1: 1}), [0, 1, 2])
+
+
+def test_pick_breaks_ties_among_the_best_only():
+    rng = np.random.default_rng(0)
+    chosen = {pick(np.array([1.0, 3.0, 3.0, 2.0]), rng) for _ in range(50)}
+    assert chosen == {1, 2}
+    allowed = np.array([True, False, False, True])
+    assert pick(np.array([1.0, 3.0, 3.0, 2.0]), rng, allowed=allowed) == 3
+
+
+def _table(paths, rewards):
+    return np.array(paths), np.array(rewards, dtype=float)
+
+
+def test_greedy_plan_follows_the_best_values_level_by_level():
+    codes, rewards = _table(
+        [[0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [2, 1]],
+        [0.1, 0.2, 0.9, 0.5, 0.3, 0.0],
+    )
+    steps = plan_path(
+        codes, [3, 3], rewards, np.ones(6), [0, 1], {}, np.random.default_rng(0), GREEDY
+    )
+    # Value 1 of column 0 is best; under it every value of column 1 is tried but value 2,
+    # which is untried and so expanded first.
+    assert [(s.column, s.code) for s in steps] == [(0, 1), (1, 2)]
+    assert steps[1].score == np.inf
+
+
+def test_plan_skips_a_child_inactive_under_the_planned_parent():
+    codes, rewards = _table([[0, 0], [0, 1], [1, ABSENT]], [0.0, 0.1, 1.0])
+    inactive = {1: {0: frozenset({1})}}
+    steps = plan_path(
+        codes, [2, 2], rewards, np.ones(3), [0, 1], inactive, np.random.default_rng(0), GREEDY
+    )
+    assert [(s.column, s.code) for s in steps] == [(0, 1)]
+
+
+def test_plan_does_not_repeat_a_configuration_already_evaluated():
+    # Three of the four paths are tried and (1, 1) is the best: greedy descent would repeat
+    # it. The plan revises the deepest decisions until it reaches a path not yet evaluated.
+    codes, rewards = _table([[0, 1], [1, 0], [1, 1]], [0.1, 0.5, 1.0])
+    steps = plan_path(
+        codes, [2, 2], rewards, np.ones(3), [0, 1], {}, np.random.default_rng(0), GREEDY
+    )
+    assert tuple(s.code for s in steps) == (0, 0)
+
+
+def test_plan_with_everything_evaluated_still_returns_a_full_path():
+    codes, rewards = _table([[0, 0], [0, 1], [1, 0], [1, 1]], [0.0, 0.1, 0.5, 1.0])
+    steps = plan_path(
+        codes, [2, 2], rewards, np.ones(4), [0, 1], {}, np.random.default_rng(0), GREEDY
+    )
+    assert tuple(s.code for s in steps) == (1, 1)
+
+
+def test_max_backup_values_a_child_by_its_best_result_too():
+    # Value 0: steady 0.6; value 1: one great (1.0) and one poor (0.0) result.
+    codes = np.array([[0], [0], [1], [1]])
+    rewards = np.array([0.6, 0.6, 1.0, 0.0])
+    kwargs = dict(exploration=0.0, rave_equivalence=0.0, rave_visit_share=0.0)
+    mean = child_scores(codes, 0, 2, rewards, np.ones(4), np.arange(4), **kwargs)
+    best = child_scores(codes, 0, 2, rewards, np.ones(4), np.arange(4), max_backup=0.5, **kwargs)
+    assert mean.value[0] > mean.value[1]
+    assert best.value[1] > best.value[0]

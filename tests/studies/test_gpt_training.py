@@ -1,0 +1,125 @@
+"""The GPT-training study on a CPU: its space, its simulator, one real trial end to end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autoscout_optuna import Infeasible, studies
+from autoscout_optuna._objective import reference_objective
+from autoscout_optuna.runners._template import render
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_ONLY_KNOBS = {"compile", "tf32"}
+GPU_ONLY_ATTENTION = {"flash", "cudnn", "efficient"}
+
+
+@pytest.fixture(scope="module")
+def cpu_study(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("logs")
+    return studies.load("gpt_training", device="cpu", time_budget=2.0, log_dir=str(log_dir))
+
+
+def sample_space(definition, n: int = 30):
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    configs = []
+    for _ in range(n):
+        trial = study.ask()
+        configs.append(definition.suggest(trial))
+        study.tell(trial, 0.0)
+    return study, configs
+
+
+def test_cpu_space_offers_no_gpu_only_knobs(cpu_study):
+    study, configs = sample_space(cpu_study)
+    params = {name for t in study.trials for name in t.params}
+    assert not params & GPU_ONLY_KNOBS
+    attention = study.trials[0].distributions["attention"].choices
+    assert not set(attention) & GPU_ONLY_ATTENTION
+    assert set(study.trials[0].distributions["dtype"].choices) == {"fp32", "bf16", "fp16"}
+    for config in configs:
+        assert config["compile"] == "off" and config["tf32"] is False
+        # the device batch always divides the total batch; accumulation is derived
+        micro = config["device_batch_effective"] * config["seq_len"]
+        assert config["total_batch"] == micro * config["grad_accum"]
+
+
+def test_trainer_command_renders_from_every_config(cpu_study):
+    from autoscout_optuna.studies.gpt_training import trainer_command
+
+    study, configs = sample_space(cpu_study, n=5)
+    for trial, config in zip(study.trials, configs, strict=True):
+        args = render(trainer_command(), config, trial.distributions)
+        assert args[args.index("--device_batch") + 1] == str(config["device_batch_effective"])
+        assert args[args.index("--dtype") + 1] == config["dtype"]
+
+
+def test_simulator_is_finite_and_prefers_sane_learning_rates(cpu_study):
+    base = dict(cpu_study.default_config)
+    value = cpu_study.simulate(base)
+    assert 0 < value < 8.5
+    assert cpu_study.simulate(dict(base, lr_mult=4.0)) > value
+    # with the same throughput, a batch that leaves a handful of steps learns less
+    huge_batch = dict(base, total_batch=2**14, total_batch_log2=14)
+    assert cpu_study.simulate(huge_batch) > value
+
+
+def test_simulator_predicts_oom_on_a_small_gpu():
+    from autoscout_optuna.studies.gpt_training import SIZES, simulate_run
+
+    info = {"kind": "gpu", "memory_bytes": 8 * 2**30}
+    config = dict(SIZES["gpu"], time_budget=300.0, total_batch=2**19, total_batch_log2=19,
+                  device_batch=128, device_batch_effective=128, dtype="bf16", tf32=False,
+                  compile="off", attention="math", lr_mult=1.0, warmup_frac=0.05)
+    with pytest.raises(Infeasible) as error:
+        simulate_run(config, info=info, peak_flops=989e12)
+    assert error.value.reason == "oom"
+    fitted = simulate_run(dict(config, device_batch_effective=1, attention="flash"),
+                          info=info, peak_flops=989e12)
+    assert fitted["tokens_per_s"] > 0
+    with pytest.raises(Infeasible, match="unsupported"):
+        simulate_run(dict(config, device_batch_effective=1, attention="flash", dtype="fp32"),
+                     info=info, peak_flops=67e12)
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="size"):
+        studies.load("gpt_training", device="cpu", size="huge")
+    with pytest.raises(ValueError, match="time_budget"):
+        studies.load("gpt_training", device="cpu", time_budget=0)
+
+
+@pytest.mark.slow
+def test_one_real_trial_end_to_end(cpu_study):
+    study = optuna.create_study(direction=cpu_study.direction)
+    study.enqueue_trial({"total_batch_log2": 10, "device_batch": 4, "dtype": "fp32",
+                         "optimizer": "foreach", "attention": "auto", "lr_mult": 1.0,
+                         "warmup_frac": 0.05})
+    study.optimize(reference_objective(cpu_study), n_trials=1, catch=(Infeasible,))
+    trial = study.trials[0]
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs
+    assert 0 < trial.value < 8.5
+    for key in ("tokens_per_s", "mfu", "peak_mem_mb", "first_step_s", "run:log"):
+        assert key in trial.user_attrs
+
+
+@pytest.mark.slow
+def test_gpu_check_script_dry_run_writes_its_tables(tmp_path):
+    out = tmp_path / "gpu"
+    env = dict(os.environ, PYTHON=sys.executable)
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_check.sh"), "--dry-run", "--minutes", "0.6",
+         "--time-budget", "1", "--out", str(out), "--log-dir", str(tmp_path / "logs")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    header = (out / "results.csv").read_text().splitlines()[0].split(",")
+    for column in ("state", "failure_reason", "val_bpb", "tokens_per_s", "mfu", "dtype"):
+        assert column in header
+    assert "(dry run)" in (out / "results.md").read_text()

@@ -1,0 +1,269 @@
+"""The benchmark harness on a toy 2-knob study with a known optimum."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import pickle
+import sys
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+
+from autoscout_optuna import Infeasible
+from autoscout_optuna._study_definition import StudyDefinition
+from autoscout_optuna.benchmark import Contender, Suite, TimedSampler, _report, main, run_suite
+
+# Toy study: mode "fast" peaks at 10.0 (x = 0.3), mode "slow" at 8.0; x > 0.9 runs out of memory.
+OPTIMUM = 10.0
+
+
+def toy_suggest(trial):
+    return {"mode": trial.suggest_categorical("mode", ["fast", "slow"]),
+            "x": trial.suggest_float("x", 0.0, 1.0)}
+
+
+def toy_measure(config, rng):
+    if config["x"] > 0.9:
+        raise Infeasible("oom", f"x={config['x']:.2f}")
+    peak = OPTIMUM if config["mode"] == "fast" else 8.0
+    value = peak * (1.0 - (config["x"] - 0.3) ** 2)
+    return value if rng is None else value * (1.0 + 0.02 * rng.normal())
+
+
+def toy_time_measure(config, rng):
+    """The same study as a time to minimize: optimum 1/OPTIMUM."""
+    return 1.0 / toy_measure(config, rng)
+
+
+def toy_definition(direction="maximize"):
+    measure = toy_measure if direction == "maximize" else toy_time_measure
+    optimum = OPTIMUM if direction == "maximize" else 1.0 / OPTIMUM
+    return StudyDefinition(name="toy", direction=direction, metric="units", suggest=toy_suggest,
+                           measure=measure, optimum=optimum, options={"direction": direction})
+
+
+def make_random(seed):
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def make_tpe(seed):
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+
+
+def make_always_oom(seed):
+    return optuna.samplers.PartialFixedSampler({"x": 0.95}, make_random(seed))
+
+
+def toy_suite(*, n_trials=12, n_seeds=2, contenders=None, definitions=None):
+    return Suite(
+        name="toy_suite",
+        definitions=definitions or [toy_definition()],
+        contenders=contenders or [Contender("random", make_random), Contender("tpe", make_tpe)],
+        n_trials=n_trials, n_seeds=n_seeds, budgets=(5, 10), description="toy",
+    )
+
+
+@pytest.fixture(scope="module")
+def both_directions():
+    suite = toy_suite(definitions=[toy_definition("maximize"), toy_definition("minimize")])
+    return run_suite(suite, None, n_workers=1)
+
+
+def test_one_row_per_trial(both_directions):
+    frame = both_directions
+    assert len(frame) == 2 * 2 * 2 * 12  # studies x contenders x seeds x trials
+    assert frame["study"].nunique() == 2  # two presets of one study get distinct labels
+    for _, run in frame.groupby(["study", "contender", "seed"]):
+        assert run["trial"].tolist() == list(range(12))
+    complete = frame[frame["state"] == "COMPLETE"]
+    assert complete["is_real_run"].all() and not complete["is_low_fidelity"].any()
+    # Benchmarks score the noiseless value, not the noisy measurement.
+    assert (complete["true_value"] != complete["value"]).any()
+    assert (frame["sampler_ms"] >= 0).all() and (frame["sampler_ms"] > 0).any()
+
+
+def test_best_so_far_is_the_running_best_of_complete_true_values(both_directions):
+    for _, run in both_directions.groupby(["study", "contender", "seed"]):
+        maximize = run["direction"].iloc[0] == "maximize"
+        true = run["true_value"].where(run["state"] == "COMPLETE")
+        expected = (true.cummax() if maximize else true.cummin()).ffill()
+        np.testing.assert_allclose(run["best_true_so_far"], expected)
+        best = run["best_true_so_far"].dropna()
+        steps = np.diff(best.to_numpy())
+        assert (steps >= 0).all() if maximize else (steps <= 0).all()
+
+
+def _hand_built(direction, values, states, seed):
+    optimum = 10.0 if direction == "maximize" else 0.1
+    rows = []
+    best = math.nan
+    for number, (value, state) in enumerate(zip(values, states, strict=True)):
+        if state == "COMPLETE":
+            better = max if direction == "maximize" else min
+            best = value if math.isnan(best) else better(best, value)
+        rows.append({"suite": "s", "study": direction, "definition": "t", "direction": direction,
+                     "optimum": optimum, "contender": "c", "seed": seed, "trial": number,
+                     "state": state, "value": value, "true_value": value,
+                     "best_true_so_far": best, "is_real_run": state == "COMPLETE",
+                     "is_low_fidelity": state == "PRUNED", "failure_reason": "",
+                     "sampler_ms": 1.0})
+    return rows
+
+
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_trials_to_99_on_a_hand_built_frame(direction):
+    scale = (lambda r: 10.0 * r) if direction == "maximize" else (lambda r: 0.1 / r)
+    # seed 0: ratios 0.5, fail, pruned (0.999 low-fidelity: does not count), 0.96, 0.995 -> 5
+    seed0 = _hand_built(
+        direction,
+        [scale(0.5), math.nan, scale(0.999), scale(0.96), scale(0.995), scale(0.7)],
+        ["COMPLETE", "FAIL", "PRUNED", "COMPLETE", "COMPLETE", "COMPLETE"], seed=0)
+    # seed 1 never reaches 99% (nor 95%)
+    seed1 = _hand_built(direction, [scale(0.9)] * 6, ["COMPLETE"] * 6, seed=1)
+    frame = pd.DataFrame(seed0 + seed1)
+    to99 = _report.trials_to_reach(frame, 0.99, n_trials=6)
+    assert to99.tolist() == [5, 7]
+    summary = _report.summarize(frame, budgets=(2, 5), n_trials=6).iloc[0]
+    assert summary["trials_to_99_median"] == 6.0  # median of 5 and 7 (= n_trials + 1)
+    assert summary["reached_99"] == 1 and summary["reached_95"] == 1
+    assert summary["trials_to_95_median"] == (4 + 7) / 2
+    assert summary["real_runs_to_99_median"] == (3 + 7) / 2  # 3 COMPLETE in seed 0's first 5
+    assert summary["best@5_median"] == pytest.approx((0.995 + 0.9) / 2)
+    assert summary["fail_per_seed"] == 0.5
+    assert summary["optimum_source"] == "definition"
+
+
+def test_unknown_optimum_falls_back_to_best_seen():
+    frame = pd.DataFrame(_hand_built("maximize", [4.0, 8.0], ["COMPLETE"] * 2, seed=0))
+    frame["optimum"] = math.nan
+    summary = _report.summarize(frame, budgets=(1, 2), n_trials=2).iloc[0]
+    assert summary["optimum"] == 8.0 and summary["optimum_source"] == "best seen"
+    assert summary["best@1_median"] == 0.5 and summary["best@2_median"] == 1.0
+    assert "best value seen" in _report.markdown(pd.DataFrame([summary]), (1, 2), 2)
+
+
+def toy_suggest_rejecting_layouts(trial):
+    """Like a study that rejects an invalid layout while suggesting, before any measurement."""
+    config = toy_suggest(trial)
+    if config["x"] > 0.9:
+        raise Infeasible("invalid_layout")
+    return config
+
+
+@pytest.mark.parametrize("where", ["measure", "suggest"])
+def test_infeasible_config_counts_as_fail(where):
+    definition = toy_definition()
+    if where == "suggest":
+        definition = dataclasses.replace(definition, suggest=toy_suggest_rejecting_layouts)
+    suite = toy_suite(n_trials=25, n_seeds=1, contenders=[Contender("oom", make_always_oom)],
+                      definitions=[definition])
+    frame = run_suite(suite, None, n_workers=1)
+    assert (frame["state"] == "FAIL").all()
+    reason = "oom" if where == "measure" else "invalid_layout"
+    assert (frame["failure_reason"] == reason).all()
+    assert frame["best_true_so_far"].isna().all()
+    summary = _report.summarize(frame, suite.budgets, suite.n_trials).iloc[0]
+    assert summary["fail_per_seed"] == 25 and summary["fail_after_20_per_seed"] == 5
+    assert summary["best@10_median"] == 0.0 and summary["reached_95"] == 0
+
+
+class CountingSampler(optuna.samplers.RandomSampler):
+    def __init__(self, seed):
+        super().__init__(seed=seed)
+        self.reseeds = 0
+        self.label = "inner"
+
+    def reseed_rng(self):
+        self.reseeds += 1
+        super().reseed_rng()
+
+
+def test_timing_proxy_forwards_and_records_time():
+    inner = CountingSampler(seed=0)
+    timed = TimedSampler(inner)
+    timed.reseed_rng()
+    assert inner.reseeds == 1
+    assert timed.label == "inner" and timed._rng is inner._rng
+    study = optuna.create_study(sampler=timed, direction="maximize")
+    study.optimize(lambda t: toy_measure(toy_suggest(t), None), n_trials=5, catch=(Infeasible,))
+    assert sorted(timed.seconds_by_trial) == [0, 1, 2, 3, 4]
+    assert all(seconds > 0 for seconds in timed.seconds_by_trial.values())
+    clone = pickle.loads(pickle.dumps(timed))
+    assert clone.label == "inner" and dict(clone.seconds_by_trial) == dict(timed.seconds_by_trial)
+
+
+def test_worker_processes_reproduce_the_sequential_run():
+    suite = toy_suite(n_trials=8, n_seeds=2)
+    sequential = run_suite(suite, None, n_workers=1)
+    parallel = run_suite(suite, None, n_workers=2)
+    columns = ["study", "contender", "seed", "trial", "state", "value", "true_value"]
+    pd.testing.assert_frame_equal(sequential[columns], parallel[columns])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
+def test_unpicklable_factories_run_in_forked_workers():
+    suite = toy_suite(n_trials=4, n_seeds=2,
+                      contenders=[Contender("lambda", lambda seed: make_random(seed))])
+    frame = run_suite(suite, None, n_workers=2)
+    assert len(frame) == 2 * 4 and set(frame["seed"]) == {0, 1}
+
+
+def test_unpicklable_factories_are_refused_without_fork(monkeypatch):
+    from autoscout_optuna.benchmark import _harness
+
+    monkeypatch.setattr(_harness.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    suite = toy_suite(contenders=[Contender("lambda", lambda seed: make_random(seed))])
+    with pytest.raises(TypeError, match="contender 'lambda'"):
+        run_suite(suite, None, n_workers=2)
+
+
+def test_cli_quick_writes_csv_png_and_logs_the_command(tmp_path, monkeypatch):
+    from autoscout_optuna.benchmark import suites as registry
+
+    asked = []
+
+    def find(names, *, quick=False):
+        asked.append((tuple(names), quick))
+        return [toy_suite(n_trials=30 if not quick else 6)]
+
+    monkeypatch.setattr(registry, "find", find)
+    argv = ["--suite", "toy_suite", "--quick", "--seeds", "1", "--workers", "1",
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert asked == [(("toy_suite",), True)]
+    folder = tmp_path / "toy_suite"
+    for name in ("trials.csv", "summary.csv", "summary.md", "best_so_far.png"):
+        assert (folder / name).stat().st_size > 0
+    trials = pd.read_csv(folder / "trials.csv")
+    assert len(trials) == 2 * 1 * 6  # contenders x seeds x quick trials
+    assert (folder / "best_so_far.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| toy[direction=maximize] | random | 1 |" in (folder / "summary.md").read_text()
+    log = (tmp_path / "README.md").read_text()
+    assert "--suite toy_suite --quick --seeds 1" in log
+
+
+def test_cli_rejects_unknown_suite(capsys):
+    assert main(["--suite", "no_such_suite", "--out", "/nonexistent"]) == 2
+    assert "unknown suite" in capsys.readouterr().err
+
+
+def test_importing_the_harness_does_not_import_torch():
+    # Other tests may have imported torch already: check in a fresh interpreter.
+    import subprocess
+
+    code = "import sys, autoscout_optuna.benchmark; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_suite_validates_its_arguments():
+    with pytest.raises(ValueError, match="n_trials"):
+        toy_suite(n_trials=0)
+    with pytest.raises(ValueError, match="distinct names"):
+        toy_suite(contenders=[Contender("a", make_random), Contender("a", make_tpe)])
+    labelled = functools.partial(toy_suite, definitions=[toy_definition(), toy_definition()])
+    assert labelled().study_labels() == ["toy[direction=maximize]", "toy[direction=maximize]#2"]

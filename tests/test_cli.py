@@ -1,0 +1,224 @@
+"""The ``autoscout`` command: parsing, usage errors (exit 2, one line), run, resume, show."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import textwrap
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from optuna_dashboard import get_note
+
+from autoscout_optuna import cli, studies
+from autoscout_optuna._progress import ProgressReporter
+
+# A study file as a user would write one: a conditional knob, an infeasible corner, a simulator
+# that is biased but ranks configs right, a default config, options with a default budget.
+TOY_STUDY = textwrap.dedent('''
+    from autoscout_optuna import Infeasible
+    from autoscout_optuna._study_definition import Knobs, StudyDefinition
+
+
+    def definition(*, scale: float = 1.0, n_trials: int = 4, direction: str = "maximize"):
+        if scale <= 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+
+        def suggest(trial):
+            knobs = Knobs(trial)
+            layout = knobs.categorical("layout", ["flat", "tree"], default="flat")
+            config = {"layout": layout, "x": knobs.float("x", 0.0, 1.0, default=0.5)}
+            if layout == "tree":
+                config["depth"] = knobs.int("depth", 1, 4, default=2)
+            return config
+
+        def measure(config, rng):
+            if config.get("depth") == 4:
+                raise Infeasible("oom", "depth 4 does not fit")
+            value = scale * (1.0 + config["x"] + 0.5 * config.get("depth", 0))
+            return value * (1.0 if rng is None else float(rng.normal(1.0, 0.01)))
+
+        return StudyDefinition(
+            name="toy", direction=direction, metric="items/s", suggest=suggest,
+            measure=measure, simulate=lambda config: 1.1 * measure(config, None),
+            default_config={"layout": "flat", "x": 0.5}, options={"n_trials": n_trials},
+        )
+''')
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    """Work in a fresh folder (autoscout.db and artifacts/ land there) with the toy study."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "toy_study.py").write_text(TOY_STUDY)
+    return tmp_path
+
+
+def _run_cli(capsys, *argv):
+    status = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def _study(tmp_path, name="toy"):
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'autoscout.db'}")
+
+
+def test_parse_options_types():
+    parsed = cli.parse_options(["gpus=128", "lr=3e-4", "fast=true", "eager=off", "model=70b",
+                                "max-seqs=8"])
+    assert parsed == {"gpus": 128, "lr": 3e-4, "fast": True, "eager": False, "model": "70b",
+                      "max_seqs": 8}
+    assert type(parsed["gpus"]) is int and type(parsed["lr"]) is float
+
+
+@pytest.mark.parametrize("item", ["gpus", "=3", "1x=2"])
+def test_parse_options_rejects_malformed_items(item):
+    with pytest.raises(cli.UsageError, match="KEY=VALUE"):
+        cli.parse_options([item])
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["run", "no_such_study"], "unknown study 'no_such_study'; known studies: "),
+        (["run", "missing.py"], "study file 'missing.py' does not exist"),
+        (["run", "toy_study.py", "-o", "scale=-1"], "scale=-1"),
+        (["run", "toy_study.py", "-o", "warp=9"], "warp"),
+        (["run", "toy_study.py", "-o", "scale"], "--option 'scale'"),
+        (["run", "toy_study.py", "--storage", "nosuchdb://x"], "cannot open storage"),
+        (["run", "toy_study.py", "--storage", "sqlite:////no/such/dir/x.db"],
+         "cannot open storage"),
+        (["show"], "no database at autoscout.db"),
+        (["dashboard", "--port", "0"], "--port must be in 1..65535"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(toy, capsys, argv, expected):
+    status, out, err = _run_cli(capsys, *argv)
+    assert status == 2
+    assert expected in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unknown_study_lists_the_bundled_ones(toy, capsys):
+    _, _, err = _run_cli(capsys, "run", "no_such_study")
+    assert all(name in err for name in studies.names())
+
+
+def test_argparse_errors_are_exit_2(toy, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "toy_study.py", "--n-trials", "0"])
+    assert exc.value.code == 2
+    assert "--n-trials" in capsys.readouterr().err
+
+
+def test_run_then_resume_then_show(toy, capsys):
+    status, out, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "5", "--seed", "3")
+    assert status == 0, err
+    study = _study(toy)
+    assert len(study.trials) == 5
+    counts = {s: len(study.get_trials(states=(s,))) for s in TrialState}
+    assert f"real runs          {counts[TrialState.COMPLETE]} " in out
+    assert f"simulated          {counts[TrialState.PRUNED]} " in out
+    assert f"failed             {counts[TrialState.FAIL]} " in out
+    assert "default config     1.5 items/s" in out  # measured once, noiselessly
+    assert "gain over default" in out and "Best configuration:" in out
+    assert "[5/5]" in err  # plain progress lines: stderr is not a terminal here
+    note = get_note(study)
+    assert "## AutoScout: toy" in note and "/artifacts/" in note
+    assert (toy / "artifacts").is_dir()
+
+    # Same study name: resumed, trials added to the same study, default not measured again.
+    status, _, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "2", "--seed", "3")
+    assert status == 0 and "resuming study 'toy': 5 trials" in err
+    assert "measuring the default" not in err
+    assert optuna.get_all_study_names(f"sqlite:///{toy / 'autoscout.db'}") == ["toy"]
+    assert len(_study(toy).trials) == 7
+
+    status, out, _ = _run_cli(capsys, "show", "--last", "0")
+    assert status == 0
+    assert "autoscout:arm" in out and "state" in out
+    assert len([line for line in out.splitlines() if line.split()[:1] == ["6"]]) == 1
+    assert "Best configuration:" in out and "7 trials" in out
+
+
+def test_study_options_reach_the_study_and_its_default_budget(toy, capsys):
+    status, _, err = _run_cli(capsys, "run", "toy_study.py", "-o", "n_trials=2",
+                              "--study-name", "small")
+    assert status == 0, err
+    assert len(_study(toy, "small").trials) == 2
+
+
+def test_direction_conflict_is_refused_and_loses_nothing(toy, capsys):
+    storage = f"sqlite:///{toy / 'autoscout.db'}"
+    taken = optuna.create_study(storage=storage, study_name="toy", direction="minimize")
+    taken.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    status, _, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "1")
+    assert status == 2 and "goes minimize" in err and "goes maximize" in err
+    assert len(_study(toy).trials) == 2
+
+
+def test_show_needs_a_name_when_the_storage_has_several_studies(toy, capsys):
+    storage = f"sqlite:///{toy / 'autoscout.db'}"
+    for name in ("a", "b"):
+        optuna.create_study(storage=storage, study_name=name)
+    status, _, err = _run_cli(capsys, "show")
+    assert status == 2 and "--study-name is needed" in err and "a, b" in err
+    status, _, err = _run_cli(capsys, "show", "--study-name", "c")
+    assert status == 2 and "no study 'c'" in err
+
+
+def test_dashboard_binds_to_localhost_with_an_artifact_store(toy, capsys, monkeypatch):
+    optuna.create_study(storage=f"sqlite:///{toy / 'autoscout.db'}")
+    calls = []
+    monkeypatch.setattr("autoscout_optuna._dashboard.serve",
+                        lambda storage, **kwargs: calls.append(kwargs))
+    status, _, _ = _run_cli(capsys, "dashboard", "--port", "8123")
+    assert status == 0
+    assert calls == [{"host": "127.0.0.1", "port": 8123, "artifact_dir": "artifacts"}]
+
+
+def test_bench_is_delegated_untouched(monkeypatch):
+    seen = []
+    monkeypatch.setattr("autoscout_optuna.benchmark.main", lambda argv: seen.append(argv) or 7)
+    assert cli.main(["bench", "--suite", "baselines", "--quick"]) == 7
+    assert seen == [["--suite", "baselines", "--quick"]]
+
+
+def test_console_entry_reports_usage_errors_without_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "autoscout_optuna.cli", "run", "no_such_study"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("autoscout run: error: unknown study 'no_such_study'")
+    assert "Traceback" not in result.stderr
+
+
+def test_progress_lines_plain_and_redrawn():
+    study = optuna.create_study(direction="maximize")
+    plain = io.StringIO()
+    reporter = ProgressReporter(n_trials=3, metric="tok/s", stream=plain, is_tty=False)
+
+    def objective(trial):
+        x = trial.suggest_float("x", 0, 1)
+        trial.report(x, 0)
+        if trial.number == 1:
+            raise optuna.TrialPruned()
+        return 10.0 + trial.number
+
+    study.optimize(objective, n_trials=3, callbacks=[reporter])
+    lines = plain.getvalue().splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("[1/3] trial 0 real") and "best 10 tok/s" in lines[0]
+    assert "simulated" in lines[1] and "real 1 simulated 1 failed 0" in lines[1]
+    assert "best 12 tok/s" in lines[2]
+
+    tty = io.StringIO()
+    redraw = ProgressReporter(n_trials=None, stream=tty, is_tty=True)
+    study.optimize(lambda t: 1.0, n_trials=2, callbacks=[redraw])
+    redraw.close()
+    text = tty.getvalue()
+    assert text.count("\r") == 2 and text.endswith("\n") and "[2/?]" in text

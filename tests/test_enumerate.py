@@ -1,0 +1,119 @@
+"""Enumeration of define-by-run spaces and the optimum search used to store study optima."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autoscout_optuna._enumerate import enumerate_configs, find_optimum
+from autoscout_optuna._failure import Infeasible
+from autoscout_optuna._study_definition import StudyDefinition
+
+
+def _conditional(trial):
+    kind = trial.suggest_categorical("kind", ["int", "float"])
+    if kind == "int":
+        return {"kind": kind, "n": trial.suggest_int("n", 1, 3)}
+    return {"kind": kind, "x": trial.suggest_float("x", 0.0, 1.0)}
+
+
+def test_structural_knobs_take_every_value_and_dense_knobs_a_grid():
+    configs = list(enumerate_configs(_conditional, dense_points=5))
+    assert [c["n"] for c in configs if c["kind"] == "int"] == [1, 2, 3]
+    assert [c["x"] for c in configs if c["kind"] == "float"] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert len(configs) == 8
+
+
+def test_log_knobs_get_a_log_grid_and_large_int_ranges_are_dense():
+    def suggest(trial):
+        return {
+            "lr": trial.suggest_float("lr", 1e-4, 1e-2, log=True),
+            "units": trial.suggest_int("units", 1, 1000),
+        }
+
+    configs = list(enumerate_configs(suggest, dense_points=3))
+    assert sorted({round(c["lr"], 10) for c in configs}) == [1e-4, 1e-3, 1e-2]
+    low, middle, high = sorted({c["units"] for c in configs})
+    assert (low, high) == (1, 1000) and abs(middle - 500.5) <= 0.5
+    assert len(configs) == 9
+
+
+def test_single_dense_point_is_the_middle():
+    configs = list(enumerate_configs(_conditional, dense_points=1))
+    assert [c["x"] for c in configs if c["kind"] == "float"] == [0.5]
+
+
+def test_infeasible_prefix_prunes_its_subtree():
+    calls = []
+
+    def suggest(trial):
+        a = trial.suggest_categorical("a", [1, 2, 3])
+        if a == 2:
+            raise Infeasible("invalid_layout", "a=2")
+        b = trial.suggest_categorical("b", ["x", "y"])
+        calls.append((a, b))
+        return {"a": a, "b": b}
+
+    configs = list(enumerate_configs(suggest))
+    assert [(c["a"], c["b"]) for c in configs] == [(1, "x"), (1, "y"), (3, "x"), (3, "y")]
+    assert calls == [(1, "x"), (1, "y"), (3, "x"), (3, "y")]
+
+
+def test_dense_points_is_validated():
+    with pytest.raises(ValueError, match="dense_points"):
+        list(enumerate_configs(_conditional, dense_points=0))
+
+
+def _toy_definition(direction="maximize", target=0.37):
+    def suggest(trial):
+        mode = trial.suggest_categorical("mode", ["good", "bad", "broken"])
+        x = trial.suggest_float("x", 0.0, 1.0)
+        return {"mode": mode, "x": x}
+
+    def measure(config, rng=None):
+        if config["mode"] == "broken":
+            raise Infeasible("oom")
+        penalty = 0.0 if config["mode"] == "good" else 0.5
+        value = 1.0 - (config["x"] - target) ** 2 - penalty
+        return value if direction == "maximize" else -value
+
+    return StudyDefinition(name="toy", direction=direction, metric="score",
+                           suggest=suggest, measure=measure)
+
+
+def test_find_optimum_refines_dense_knobs_beyond_the_grid():
+    coarse_value, coarse = find_optimum(_toy_definition(), dense_points=5, refine=False)
+    assert coarse["mode"] == "good" and coarse["x"] == pytest.approx(0.25)
+    value, config = find_optimum(_toy_definition(), dense_points=5, refine=True)
+    assert config["mode"] == "good"
+    assert abs(config["x"] - 0.37) <= 1 / 64
+    assert value > coarse_value
+    assert value == pytest.approx(1.0 - (config["x"] - 0.37) ** 2)
+
+
+def test_find_optimum_minimizes_too():
+    value, config = find_optimum(_toy_definition(direction="minimize"), dense_points=5)
+    assert config["mode"] == "good"
+    assert value == pytest.approx(-(1.0 - (config["x"] - 0.37) ** 2))
+    assert value < -0.99
+
+
+def test_find_optimum_fails_loudly_when_nothing_is_feasible():
+    def measure(config, rng=None):
+        raise Infeasible("oom")
+
+    definition = StudyDefinition(name="none", direction="maximize", metric="x",
+                                 suggest=_conditional, measure=measure)
+    with pytest.raises(ValueError, match="infeasible"):
+        find_optimum(definition)
+
+
+def test_find_optimum_never_returns_a_nan():
+    def measure(config, rng=None):
+        return math.nan if config["kind"] == "int" else config["x"]
+
+    definition = StudyDefinition(name="nan", direction="maximize", metric="x",
+                                 suggest=_conditional, measure=measure)
+    value, config = find_optimum(definition, dense_points=3)
+    assert value == 1.0 and config["kind"] == "float"

@@ -1,0 +1,46 @@
+import math
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autoscout_optuna._history import read_history
+
+
+def _study(direction):
+    study = optuna.create_study(direction=direction)
+
+    def objective(trial):
+        x = trial.suggest_float("x", 0, 1)
+        if trial.number == 1:
+            trial.report(0.25, 0)
+            raise optuna.TrialPruned()
+        if trial.number == 2:
+            raise ValueError("boom")
+        if trial.number == 3:
+            return math.nan
+        if trial.number == 4:
+            trial.report(math.nan, 0)
+            raise optuna.TrialPruned()
+        return x
+
+    study.optimize(objective, n_trials=6, catch=(ValueError,))
+    study.ask()  # a RUNNING trial: pending
+    return study
+
+
+@pytest.mark.parametrize("direction, sign", [("maximize", 1), ("minimize", -1)])
+def test_every_trial_state_becomes_an_observation(direction, sign):
+    study = _study(direction)
+    obs = read_history(study)
+    kinds = [o.kind for o in obs]
+    assert kinds == ["real", "estimate", "failed", "failed", "failed", "real", "pending"]
+    assert obs[0].score == pytest.approx(sign * study.trials[0].value)
+    assert obs[1].score == pytest.approx(sign * 0.25)
+    assert all(o.score is None for o in obs if o.kind in ("failed", "pending"))
+
+
+def test_exclude_skips_the_trial_being_sampled():
+    study = _study("maximize")
+    running = [t for t in study.trials if t.state == TrialState.RUNNING][0]
+    assert all(o.number != running.number for o in read_history(study, exclude=running))
