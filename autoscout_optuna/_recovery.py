@@ -4,9 +4,11 @@ A worker that dies (SIGKILL, OOM killer, power loss) leaves its trial RUNNING fo
 our samplers start is tagged with the worker's identity (host, pid, process start time, so a
 reused pid is not mistaken for the original). On resume, a RUNNING trial whose worker is gone
 from this host is failed with ``failure_reason="worker_died"`` and marked orphaned; with
-``retry=True`` its params are enqueued again. Samplers skip orphaned trials and number their
-decisions without them (``_history.decision_number``), so a resumed study with a fixed seed and a
-deterministic objective proposes what the uninterrupted study would have.
+``retry=True`` the configuration is run again. Our samplers skip orphaned trials and number their
+decisions without them (``_history.decision_number``), so the next trial sees exactly what the
+orphan saw and proposes the same configuration by itself, recording the same decisions: a
+resumed study with a fixed seed and a deterministic objective proposes what the uninterrupted
+study would have. For any other sampler the orphan's params are enqueued instead.
 
 Workers on other hosts are left to Optuna's heartbeat (``RDBStorage(heartbeat_interval=...)``).
 """
@@ -59,7 +61,7 @@ def recover_orphaned_trials(study: optuna.Study, *, retry: bool = True) -> list[
         set_system_attr(study, trial, ORPHANED, True)
         set_user_attr(study, trial, FAILURE_REASON, "worker_died")
         fail_trial(study, trial)
-        if retry:
+        if retry and not getattr(study.sampler, "reproposes_orphans", False):
             study.enqueue_trial(dict(trial.params), user_attrs={RETRY_OF: trial.number},
                                 skip_if_exists=False)
         recovered.append(trial.number)

@@ -26,6 +26,8 @@ import optuna
 DEFAULT_STORAGE = "sqlite:///autoscout.db"
 DEFAULT_ARTIFACT_DIR = "artifacts"
 DEFAULT_N_TRIALS = 30  # when the study does not say: a few minutes on 2 CPU cores
+HEARTBEAT_INTERVAL_S = 60
+HEARTBEAT_GRACE_S = 300  # longer than any pause of a healthy worker between heartbeats
 USAGE_ERROR = 2
 # `autoscout show` columns: the decision and its outcome; `--wide` adds every sub-sampler attr.
 SHOW_COLUMNS = ("number", "state", "value", "autoscout:arm", "autoscout:fidelity",
@@ -144,10 +146,11 @@ def _add_storage(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from autoscout_optuna import AutoScoutSampler, FidelityPruner, Infeasible, _dashboard, studies
     from autoscout_optuna._progress import ProgressReporter, summary_text
+    from autoscout_optuna._recovery import recover_orphaned_trials
 
     options = parse_options(args.option)
     definition = _load_definition(args.study, options, studies)
-    storage = open_storage(args.storage)
+    storage = open_storage(args.storage, heartbeat=True)
     study_name = args.study_name or definition.name
     _check_direction(storage, study_name, definition.direction)
     study = optuna.create_study(
@@ -160,6 +163,10 @@ def _run(args: argparse.Namespace) -> int:
     )
     study.set_user_attr(_dashboard.METRIC_KEY, definition.metric)
     study.set_user_attr("autoscout:study", definition.name)
+    orphans = recover_orphaned_trials(study, retry=True)
+    if orphans:
+        print(f"trials {orphans} were left RUNNING by a worker that died: failed "
+              "(failure_reason=worker_died) and queued again", file=sys.stderr)
     n_before = len(study.trials)
     if n_before:
         print(f"resuming study {study_name!r}: {n_before} trials already in {args.storage}",
@@ -327,11 +334,16 @@ def _load_definition(name: str, options: Mapping[str, Any], studies: Any) -> Any
         raise UsageError(f"study {name!r} rejected its options ({given}): {error}") from None
 
 
-def open_storage(url: str, *, must_exist: bool = False) -> optuna.storages.BaseStorage:
+def open_storage(
+    url: str, *, must_exist: bool = False, heartbeat: bool = False
+) -> optuna.storages.BaseStorage:
     """Open an Optuna storage, turning every way a URL can be wrong into a :class:`UsageError`.
 
     With ``must_exist``, a SQLite file that is not there is an error instead of a new empty
-    database (``show`` and ``dashboard`` read; they must not create).
+    database (``show`` and ``dashboard`` read; they must not create). With ``heartbeat``, a
+    database storage records a heartbeat per running trial, so a trial whose worker vanished on
+    another host is failed after ``HEARTBEAT_GRACE_S`` and retried once (dead workers on this
+    host are recovered at once, see ``_recovery``).
     """
     if must_exist and url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
@@ -339,6 +351,15 @@ def open_storage(url: str, *, must_exist: bool = False) -> optuna.storages.BaseS
             raise UsageError(f"no database at {path} (from --storage {url}); "
                              "run `autoscout run STUDY` first")
     try:
+        if heartbeat and "://" in url and not url.startswith(("redis", "journal")):
+            return optuna.storages.RDBStorage(
+                url,
+                heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                grace_period=HEARTBEAT_GRACE_S,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                    max_retry=1
+                ),
+            )
         return optuna.storages.get_storage(url)
     except Exception as error:  # noqa: BLE001 - sqlalchemy, driver or file errors, all usage here
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]

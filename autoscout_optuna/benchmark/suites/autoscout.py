@@ -7,20 +7,25 @@ Suites:
   no feature prioritization, naive reward instead of difference-in-differences).
 - ``autoscout-overhead``: sampler milliseconds per trial on a cheap 15-knob conditional space,
   up to 5,000 trials (AutoScout) and 1,000 (TPE, whose cost per trial grows with history), read
-  from ``sampler_ms`` at trials ~100, ~1,000 and ~5,000.
+  from ``sampler_ms`` at trials ~100, ~1,000 and ~5,000 (wall clock).
+- :func:`measure_overhead`: the same in CPU time of this process, split into MCTS,
+  coordinate descent and the orchestrator's own share
+  (``python -m autoscout_optuna.benchmark.suites.autoscout autoscout 5000``).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Any
 
 import optuna
 
 from autoscout_optuna._failure import Infeasible
+from autoscout_optuna._objective import reference_objective
 from autoscout_optuna._study_definition import StudyDefinition
-from autoscout_optuna.benchmark._harness import Contender, Suite
+from autoscout_optuna.benchmark._harness import Contender, Suite, TimedSampler
 from autoscout_optuna.benchmark.suites import baselines
 from autoscout_optuna.samplers import AutoScoutSampler
 
@@ -129,7 +134,8 @@ def suites(quick: bool = False) -> list[Suite]:
                 "four ablations of AutoScout: fixed alternation of the arms instead of the "
                 "bandit, no dense optimizer (dense knobs keep the incumbent's values), no "
                 "feature prioritization in MCTS, and a naive reward (difference to the "
-                "incumbent) instead of difference-in-differences. Scored on the noiseless "
+                "incumbent) instead of difference-in-differences; plus the optional neighbour "
+                "arm (one structural change of the incumbent). Scored on the noiseless "
                 f"reference value; GP runs {baselines.GP_SEEDS} seeds (its per-trial cost)."
             ),
         ),
@@ -158,3 +164,59 @@ def suites(quick: bool = False) -> list[Suite]:
             ),
         ),
     ]
+
+
+# -- CPU-time overhead (the harness times wall clock, which other load on a shared machine
+# inflates; this counts only this process's CPU time) ------------------------------------------
+
+
+class _CpuTimedSampler(TimedSampler):
+    def _timed(self, trial_number: int, fn: Any, *args: Any) -> Any:
+        start = time.process_time()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds_by_trial[trial_number] += time.process_time() - start
+
+
+def measure_overhead(
+    contender: str, n_trials: int, checkpoints: tuple[int, ...] = (100, 1000, 2000, 5000)
+) -> dict[int, dict[str, float]]:
+    """Sampler CPU ms/trial (mean of the 50 trials before each checkpoint) on the 15-knob space.
+
+    For ``"autoscout"`` the MCTS and coordinate-descent shares are reported too, the rest is the
+    orchestrator's own (history digest, bandit, plan).
+    """
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    parts: dict[str, _CpuTimedSampler] = {}
+    if contender == "autoscout":
+        inner = make_autoscout(0)
+        parts = {"mcts": _CpuTimedSampler(inner._explore), "cd": _CpuTimedSampler(inner._refine)}
+        inner._explore, inner._refine = parts["mcts"], parts["cd"]
+    else:
+        inner = baselines.make_tpe(0)
+    sampler = _CpuTimedSampler(inner)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    objective = reference_objective(overhead_definition(), noise_seed=0)
+    study.optimize(objective, n_trials=n_trials, catch=(Infeasible,))
+    result = {}
+    for point in (p for p in checkpoints if p <= n_trials):
+        numbers = range(max(0, point - 50), point)
+        row = {"total": _mean_ms(sampler, numbers)}
+        row.update({name: _mean_ms(part, numbers) for name, part in parts.items()})
+        if parts:
+            row["orchestrator"] = row["total"] - sum(row[name] for name in parts)
+        result[point] = row
+    return result
+
+
+def _mean_ms(sampler: TimedSampler, numbers: range) -> float:
+    return 1000.0 * sum(sampler.seconds_by_trial.get(i, 0.0) for i in numbers) / len(numbers)
+
+
+if __name__ == "__main__":  # python -m autoscout_optuna.benchmark.suites.autoscout autoscout 5000
+    import sys
+
+    which, count = sys.argv[1], int(sys.argv[2])
+    for point, row in measure_overhead(which, count).items():
+        print(which, point, {k: round(v, 2) for k, v in row.items()})

@@ -2,8 +2,8 @@
 
 Studies: the smooth test functions of ``autoscout_optuna.benchmark.functions`` and the LLM
 studies with their structure fixed at a good layout (only the dense knobs left to tune).
-Contenders: coordinate descent with each coordinate rule (sensitivity-weighted is the default;
-cyclic and random are there to justify that choice), TPE, random search and CMA-ES.
+Contenders: coordinate descent with each coordinate rule (cyclic is the default; random and
+sensitivity-weighted are there to justify that choice), TPE, random search and CMA-ES.
 """
 
 from __future__ import annotations

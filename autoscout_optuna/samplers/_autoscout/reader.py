@@ -144,8 +144,8 @@ class HistoryReader:
         digest = self._digests.setdefault(name, StudyDigest())
         history: list[Seen] = []
         for trial in get_trials(study):
-            if trial.number == skip:
-                continue
+            if trial.number == skip or trial.system_attrs.get(_keys.ORPHANED):
+                continue  # an orphan (its worker died) was re-run as a new trial: not evidence
             key = (name, trial.number)
             hit = self._memo.get(key)
             if hit is not None:

@@ -12,6 +12,8 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _keys, _validate
+from autoscout_optuna._history import decision_number
+from autoscout_optuna._recovery import tag_worker
 from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._storage import set_system_attr, set_user_attr
 from autoscout_optuna.samplers._autoscout import plan as planning
@@ -102,6 +104,10 @@ class AutoScoutSampler(BaseSampler):
         refine_sampler: Replaces the coordinate-descent arm.
     """
 
+    # Decisions depend only on (seed, decision number, non-orphaned history): after a worker
+    # dies, the next trial re-proposes the orphan's configuration (see ``_recovery``).
+    reproposes_orphans = True
+
     def __init__(
         self,
         *,
@@ -174,21 +180,24 @@ class AutoScoutSampler(BaseSampler):
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if len(study.directions) > 1:
             return  # the sample hooks raise the ValueError users see
+        # Who runs this trial: if that process dies, a resume fails and re-queues the trial.
+        tag_worker(study, trial)
+        number = decision_number(study, trial)
         history, digest = self._reader.read(study, exclude=trial)
         space = planning.observed_space(history, digest)
         incumbent = digest.incumbent()
         moves: list[tuple[str, Any]] = []
         if self._neighbour_arm and incumbent is not None and len(history) >= self._n_startup:
             moves = planning.untried_neighbours(history, space, incumbent)
-        arm, reason, extra = self._decide(history, digest, space, trial.number, bool(moves))
+        arm, reason, extra = self._decide(history, digest, space, number, bool(moves))
         move = None
         if arm == NEIGHBOUR:
             # The best-ranked move, with a random one now and then so ranking errors heal.
-            rng = trial_rng(self._seed, trial.number, "neighbour")
+            rng = trial_rng(self._seed, number, "neighbour")
             ranked = planning.rank_moves(history, moves)
             move = ranked[0] if rng.random() < 0.8 else ranked[int(rng.integers(len(ranked)))]
             set_user_attr(study, trial, MOVE_KEY, list(move))
-        rng = trial_rng(self._seed, trial.number, "startup-coverage")
+        rng = trial_rng(self._seed, number, "startup-coverage")
         plan = planning.make_plan(
             history, digest, space, incumbent, startup=arm == STARTUP, rng=rng, move=move
         )
@@ -202,7 +211,7 @@ class AutoScoutSampler(BaseSampler):
             structure, why = planning.refine_target(digest, space, estimator=self._reward)
             set_system_attr(study, trial, _keys.STRUCTURE, structure)
             set_user_attr(study, trial, TARGET_KEY, why)
-        if trial.number == self._n_startup and history:
+        if number == self._n_startup and history:
             conditions = planning.conditions(history, space)
             set_user_attr(study, trial, CONDITIONS_KEY, conditions)
         set_system_attr(study, trial, PLAN_KEY, plan)

@@ -25,6 +25,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial
 
+from autoscout_optuna._history import decision_number
 from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._space import contains, from_unit, is_structural
 from autoscout_optuna._storage import get_fresh_trial
@@ -106,7 +107,7 @@ class TransplantSampler(BaseSampler):
             value = values[param_name]
             if contains(param_distribution, value):
                 return _native(param_distribution, value)
-        rng = trial_rng(self._seed, trial.number, f"transplant:{param_name}")
+        rng = trial_rng(self._seed, decision_number(study, trial), f"transplant:{param_name}")
         if isinstance(param_distribution, CategoricalDistribution):
             return param_distribution.choices[int(rng.integers(len(param_distribution.choices)))]
         if plan.get("unseen_dense") == "centre" and not is_structural(param_distribution):

@@ -67,7 +67,7 @@ class Move:
 class Settings:
     """Knobs of the rule (validated by the sampler's constructor)."""
 
-    rule: str = "sensitivity"
+    rule: str = "cyclic"
     initial_step: float = 0.25
     min_step: float = 1e-3
     confidence: float = 2.0

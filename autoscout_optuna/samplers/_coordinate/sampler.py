@@ -61,8 +61,8 @@ class CoordinateDescentSampler(BaseSampler):
     Args:
         seed: Seed of every random choice (derived per trial, so a resume reproduces).
         fallback: Sampler for params with no anchor; None draws them uniformly from ``seed``.
-        rule: Which coordinate's line search comes next: ``"sensitivity"`` (default: weighted by
-            the score change each coordinate produced), ``"cyclic"`` or ``"random"``.
+        rule: Which coordinate's line search comes next: ``"cyclic"`` (default), ``"random"``
+            or ``"sensitivity"`` (weighted by the score change each coordinate produced).
         initial_step: First probe distance along a coordinate, as a fraction of its range.
         min_step: Resolution below which a coordinate counts as resolved (unit cube).
         confidence: Multiple of the noise a single measurement must beat to move the center.
@@ -71,12 +71,16 @@ class CoordinateDescentSampler(BaseSampler):
         max_structural_levels: Discrete domains with at most this many values are structural.
     """
 
+    # Decisions depend only on (seed, decision number, non-orphaned history): after a worker
+    # dies, the next trial re-proposes the orphan's configuration (see ``_recovery``).
+    reproposes_orphans = True
+
     def __init__(
         self,
         *,
         seed: int | None = None,
         fallback: BaseSampler | None = None,
-        rule: str = "sensitivity",
+        rule: str = "cyclic",
         initial_step: float = 0.25,
         min_step: float = 1e-3,
         confidence: float = 2.0,

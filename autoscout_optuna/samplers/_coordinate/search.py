@@ -10,9 +10,10 @@ The rule, per trial:
 1. **Center**: the measured point with the best lower confidence bound ``mean - k*sigma/sqrt(n)``
    (sigma pooled from repeated measurements). A single measurement that beats the center by less
    than the noise is re-measured first (``confirm``) instead of being chased.
-2. **Coordinate**: weighted by the score change each coordinate produced so far (default: the
-   ``coordinate`` benchmark has it best on the LLM serving study and the coupled 10-D function,
-   close on the separable ones), cyclic, or uniformly random.
+2. **Coordinate**: the line being searched stays until resolved; then the next coordinate in
+   cyclic order (default), uniformly at random, or weighted by the score change each produced.
+   The ``coordinate`` benchmark (10 seeds) has cyclic first or tied on 5 of 7 studies; the
+   differences between the rules are within seed-to-seed spread, so the simplest one stays.
 3. **Line search** on the line through the center along that coordinate: probe one side (the
    direction of the estimated slope), then the other; once bracketed, jump to the vertex of the
    parabola through the center and its two neighbours. Expanding steps double after a success,

@@ -9,7 +9,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial
 
-from autoscout_optuna._history import read_history
+from autoscout_optuna._history import decision_number, read_history
 from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._space import contains, from_unit
 from autoscout_optuna._storage import study_directions
@@ -52,7 +52,7 @@ class IncumbentOrUniformSampler(BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
-        rng = trial_rng(self._seed, trial.number, f"mcts:dense:{param_name}")
+        rng = trial_rng(self._seed, decision_number(study, trial), f"mcts:dense:{param_name}")
         if rng.random() < self._reuse_probability and len(study_directions(study)) == 1:
             value = _incumbent_value(study, trial, param_name, param_distribution)
             if value is not None:

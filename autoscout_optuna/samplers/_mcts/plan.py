@@ -60,7 +60,7 @@ class PlanSettings:
     """Tuning constants of the planner (see ``MCTSSampler`` for their meaning)."""
 
     policy: TreePolicy = field(default_factory=TreePolicy)
-    failure_reward: float = -0.5
+    failure_reward: float = -0.05
     estimate_weight: float = 0.5
     n_orderings: int = 8
     tournament_depth: int = 2

@@ -14,7 +14,8 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _validate
-from autoscout_optuna._history import observation_of
+from autoscout_optuna._history import decision_number, observation_of
+from autoscout_optuna._keys import ORPHANED
 from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._space import contains, discrete_values, is_structural, n_levels
 from autoscout_optuna._storage import get_trials, set_user_attr, study_directions, study_id
@@ -112,6 +113,10 @@ class MCTSSampler(BaseSampler):
             distribution (``autoscout_optuna._space.is_structural``).
     """
 
+    # Decisions depend only on (seed, decision number, non-orphaned history): after a worker
+    # dies, the next trial re-proposes the orphan's configuration (see ``_recovery``).
+    reproposes_orphans = True
+
     def __init__(
         self,
         *,
@@ -121,7 +126,7 @@ class MCTSSampler(BaseSampler):
         rave_equivalence: float = 3.0,
         max_backup: float = 0.0,
         rave_visit_share: float = 0.1,
-        failure_reward: float = -0.5,
+        failure_reward: float = -0.05,
         estimate_weight: float = 0.5,
         n_orderings: int = 8,
         tournament_depth: int = 2,
@@ -223,7 +228,7 @@ class MCTSSampler(BaseSampler):
             record.scores[param_name] = record.plan.scores[param_name]
             return planned[param_name]
         taken = {k: v for k, v in trial.params.items() if k in record.evidence.table.names}
-        rng = trial_rng(self._seed, trial.number, f"mcts:decide:{param_name}")
+        rng = trial_rng(self._seed, decision_number(study, trial), f"mcts:decide:{param_name}")
         value, score = decide_unplanned(
             record.evidence, param_name, discrete_values(param_distribution), taken, rng,
             self._settings.policy,
@@ -291,6 +296,10 @@ class MCTSSampler(BaseSampler):
             settled = start
             for other in trials[start:]:
                 number = other.number
+                if other.system_attrs.get(ORPHANED):
+                    # Failed because its worker died and re-run as a new trial: not evidence.
+                    settled += settled == number
+                    continue
                 if other.state.is_finished():
                     if settled == number:
                         settled += 1
@@ -307,10 +316,11 @@ class MCTSSampler(BaseSampler):
             return record
         table = self._build_table(study, trial)
         evidence = gather_evidence(table, self._settings)
+        number = decision_number(study, trial)
         plan = make_plan(
             evidence,
-            trial_rng(self._seed, trial.number, "mcts:order"),
-            trial_rng(self._seed, trial.number, "mcts:tree"),
+            trial_rng(self._seed, number, "mcts:order"),
+            trial_rng(self._seed, number, "mcts:tree"),
             self._settings,
         )
         # One trial is sampled by one thread; a race would only compute the same plan twice.

@@ -29,7 +29,7 @@ def normalize_rewards(
     scores: Sequence[float | None],
     kinds: Sequence[str],
     *,
-    failure_reward: float = -0.5,
+    failure_reward: float = -0.05,
     estimate_weight: float = 0.5,
     pending_weight: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
