@@ -18,7 +18,6 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -249,6 +248,7 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from autoscout_optuna import studies
+    from autoscout_optuna.studies._optima import optimum_key, store_optimum
 
     parser = argparse.ArgumentParser(prog="python -m autoscout_optuna._enumerate")
     parser.add_argument("study", help="bundled study name, e.g. llm_training")
@@ -259,18 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     definition = studies.load(args.study, **dict(map(_parse_option, args.options)))
     value, config = find_optimum(definition, dense_points=args.dense_points)
     options = dict(definition.options)
-    key = f"{definition.name}:" + json.dumps(options, sort_keys=True)
+    key = optimum_key(definition.name, options)
     default_value = None
     if definition.default_config is not None:
         default_value = _score(definition, dict(definition.default_config))
     print(json.dumps({"key": key, "value": value, "default": default_value, "config": config},
                      indent=1, default=str))
     if args.store:
-        # Next to the study modules, wherever the package is installed.
-        optima_path = Path(studies.__file__).with_name("_optima.json")
-        stored = json.loads(optima_path.read_text()) if optima_path.is_file() else {}
-        stored[key] = {"value": value, "config": config}
-        optima_path.write_text(json.dumps(stored, indent=1, sort_keys=True, default=str) + "\n")
+        store_optimum(key, value, config)
     return 0
 
 

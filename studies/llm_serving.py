@@ -30,8 +30,6 @@ plotting stacks; neither gives p99 TTFT/TPOT goodput at < 0.2 ms per call).
 from __future__ import annotations
 
 import functools
-import json
-from pathlib import Path
 from typing import Any
 
 from autoscout_optuna._failure import Infeasible
@@ -40,6 +38,7 @@ from autoscout_optuna._study_definition import Knobs, StudyDefinition
 from . import _serving_model
 from ._hardware import gpu_spec
 from ._models import model_shape
+from ._optima import optimum_key, stored_optimum
 
 NAME = "llm_serving"
 
@@ -145,19 +144,6 @@ def simulate(config: dict[str, Any]) -> float:
     return _serving_model.simulated_goodput(config)
 
 
-def optimum_key(options: dict[str, Any]) -> str:
-    """Canonical key of resolved options in ``_optima.json``."""
-    return f"{NAME}:" + json.dumps(options, sort_keys=True)
-
-
-def _stored_optimum(key: str) -> float | None:
-    path = Path(__file__).with_name("_optima.json")
-    if not path.is_file():
-        return None
-    entry = json.loads(path.read_text()).get(key)
-    return None if entry is None else float(entry["value"])
-
-
 def definition(
     *,
     preset: str | None = None,
@@ -208,7 +194,7 @@ def definition(
         measure=measure,
         simulate=simulate,
         default_config=expert_config(base),
-        optimum=_stored_optimum(optimum_key(options)),
+        optimum=stored_optimum(optimum_key(NAME, options)),
         description=(
             f"{base['model']} served on {base['gpus_per_node']}x {base['gpu']} "
             f"(p99 TTFT {base['ttft_slo_ms']:.0f} ms, TPOT {base['tpot_slo_ms']:.0f} ms)"

@@ -31,8 +31,6 @@ for ZeRO volumes).
 from __future__ import annotations
 
 import functools
-import json
-from pathlib import Path
 from typing import Any
 
 from autoscout_optuna._failure import Infeasible
@@ -41,6 +39,7 @@ from autoscout_optuna._study_definition import Knobs, StudyDefinition
 from . import _training_model
 from ._hardware import GPUS_PER_NODE, gpu_spec
 from ._models import model_shape
+from ._optima import optimum_key, stored_optimum
 
 NAME = "llm_training"
 
@@ -195,19 +194,6 @@ def _resolve(preset: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def optimum_key(options: dict[str, Any]) -> str:
-    """Canonical key of resolved options in ``_optima.json``."""
-    return f"{NAME}:" + json.dumps(options, sort_keys=True)
-
-
-def _stored_optimum(key: str) -> float | None:
-    path = Path(__file__).with_name("_optima.json")
-    if not path.is_file():
-        return None
-    entry = json.loads(path.read_text()).get(key)
-    return None if entry is None else float(entry["value"])
-
-
 def definition(
     *,
     preset: str | None = None,
@@ -246,7 +232,7 @@ def definition(
         measure=measure,
         simulate=simulate,
         default_config=expert_config(**base),
-        optimum=_stored_optimum(optimum_key(options)),
+        optimum=stored_optimum(optimum_key(NAME, options)),
         description=(
             f"{base['model']} pre-training on {base['num_gpus']}x {base['gpu']} "
             f"(global batch {base['global_batch']} x {base['seq_len']} tokens)"

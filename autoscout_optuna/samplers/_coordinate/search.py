@@ -83,7 +83,10 @@ def plan_move(
         return Move("startup", np.array([snap(i, u) for i, u in enumerate(rng.random(d))]))
     center, top, noise = choose_center(evidence, settings.confidence)
     pending = points[kinds == PENDING]
-    if top != center and not _is_taken(points[top], pending):
+    # A re-measure the pruner turned into an estimate was judged already (not promising):
+    # asking again would only be pruned again, so such a point is not confirmed twice.
+    judged = points[kinds == ESTIMATE]
+    if top != center and not _is_taken(points[top], pending) and not _is_taken(points[top], judged):
         return Move("confirm", points[top].copy(), center=center, noise=noise)
     c = points[center]
     score_c = point_mean(evidence, center)
@@ -126,11 +129,21 @@ def plan_move(
     margin = margin_of(noise, settings)
     scales = np.array([step_size(evidence, settings, i, margin) for i in range(d)])
     radius = float(2.0 ** (n_restarts % 4) * settings.restart_radius)
+    spread = np.minimum(radius * scales, 0.5)
+    fresh = None
     for _ in range(16):  # a restart does not jump over a known wall either
-        raw = np.clip(c + rng.normal(0.0, 1.0, size=d) * np.minimum(radius * scales, 0.5), 0, 1)
+        raw = np.clip(c + rng.normal(0.0, 1.0, size=d) * spread, 0, 1)
         point = np.array([snap(i, u) for i, u in enumerate(raw)])
+        if _is_taken(point, points):
+            # Knobs on a coarse grid (or a tiny scale) snap back onto a point already judged,
+            # measured, pruned or running: repeating it would waste the trial. Look wider.
+            spread = np.minimum(2.0 * spread + settings.min_step, 0.5)
+            continue
+        fresh = point
         if not _likely_infeasible(point, c, failed, feasible, settings.wall_radius):
             break
+    if fresh is not None:
+        point = fresh
     return Move("restart", point, -1, radius, None, center, noise)
 
 

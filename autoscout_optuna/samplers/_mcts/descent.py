@@ -55,6 +55,7 @@ def plan_path(
     rng: np.random.Generator,
     policy: TreePolicy = TreePolicy(),
     failed: np.ndarray | None = None,
+    partial: np.ndarray | None = None,
 ) -> list[Step]:
     """Descend the tree level by level in ``order``, choosing each child by UCT.
 
@@ -70,17 +71,22 @@ def plan_path(
         policy: UCT constants.
         failed: Boolean mask of failed rows: a child that would repeat all the decisions of
             one of them is avoided while another child is left (see ``_DeadEnds``).
+        partial: Boolean mask of rows that may lack params they would have asked (failed or
+            still running); None: the failed rows. See :func:`_is_duplicate`.
 
     Returns:
         The planned steps, top level first. If the path repeats a configuration already in the
         history, the deepest decisions are revised (best other child, then down again greedily)
-        so a trial is not spent on a known point; at most ``policy.max_backtracks`` revisions.
+        so a trial is not spent on a known point; at most ``policy.max_backtracks`` revisions,
+        then a bounded depth-first search for the best path that repeats nothing.
     """
+    if partial is None:
+        partial = failed
     stats: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # per-column global statistics
     steps = _descend(
         codes, n_values, rewards, weights, order, inactive_under, rng, policy, [], stats, failed
     )
-    if not _is_duplicate(codes, steps):
+    if not _is_duplicate(codes, steps, partial):
         return steps
     budget = policy.max_backtracks
     for level in range(len(steps) - 1, -1, -1):
@@ -103,11 +109,65 @@ def plan_path(
                 codes, n_values, rewards, weights, order, inactive_under, rng, policy,
                 candidate, stats, failed,
             )
-            if not _is_duplicate(codes, candidate):
+            if not _is_duplicate(codes, candidate, partial):
                 return candidate
         if budget <= 0:
             break
-    return steps
+    # Every bounded revision landed on a known configuration (a well-trodden part of the tree,
+    # typical once pruned trials fill it): search the tree in preference order for the first
+    # configuration no trial took. Without this, the duplicate is proposed again and again.
+    fresh = _first_unseen_path(
+        codes, n_values, rewards, weights, order, inactive_under, rng, policy, stats, failed,
+        partial,
+    )
+    return steps if fresh is None else fresh
+
+
+def _first_unseen_path(
+    codes, n_values, rewards, weights, order, inactive_under, rng, policy, stats, failed,
+    partial, max_nodes: int = 512,
+) -> list[Step] | None:
+    """Depth-first search, children in UCT order, for a path that repeats no row.
+
+    Only nodes some row reached are searched (below any other node every completion is new, so
+    the usual descent completes the path), so the search is bounded by the history, and by
+    ``max_nodes`` besides. None when every path of the tree was taken.
+    """
+    failed_codes = codes[failed] if failed is not None else codes[:0]
+    visited = [0]
+
+    def search(head: list[Step], reached: np.ndarray) -> list[Step] | None:
+        if reached.size == 0:  # no row took this prefix: complete it the usual way
+            return head + _descend(
+                codes, n_values, rewards, weights, order, inactive_under, rng, policy, head,
+                stats, failed,
+            )
+        decided = {s.column: s.code for s in head}
+        column = next(
+            (c for c in order if c not in decided and not _inactive(c, decided, inactive_under)),
+            None,
+        )
+        if column is None:
+            return None if _is_duplicate(codes, head, partial) else head
+        visited[0] += 1
+        if visited[0] > max_nodes:
+            return None
+        scores = _scores_at(codes, n_values, rewards, weights, head, column, policy, stats)
+        allowed = _DeadEnds(failed_codes, decided).allowed(column, n_values[column])
+        ranking = sorted(
+            range(n_values[column]),
+            key=lambda c: (allowed is not None and not allowed[c], -scores.score[c], c),
+        )
+        for code in ranking:
+            step = Step(column, code, float(scores.score[code]), float(scores.value[code]),
+                        float(scores.visits[code]))
+            taken = codes[reached, column]
+            found = search(head + [step], reached[(taken == code) | (taken == ABSENT)])
+            if found is not None or visited[0] > max_nodes:
+                return found
+        return None
+
+    return search([], np.arange(len(codes)))
 
 
 def _scores_at(codes, n_values, rewards, weights, head, column, policy, stats) -> ChildScores:
@@ -191,15 +251,25 @@ def _inactive(column: int, decided: dict[int, int], inactive_under) -> bool:
     return False
 
 
-def _is_duplicate(codes: np.ndarray, steps: Sequence[Step]) -> bool:
-    """Whether some row took exactly this path (and nothing else structural)."""
+def _is_duplicate(
+    codes: np.ndarray, steps: Sequence[Step], partial: np.ndarray | None = None
+) -> bool:
+    """Whether running this path would repeat a row.
+
+    A row that ran to its end is repeated when the path takes every value the row took: a
+    column the row lacks was not asked under those values, so a value the path plans for it is
+    never asked either (the tree may not know that dependency yet, e.g. when the column comes
+    first in the level order). A ``partial`` row (failed, or still running) may not have asked
+    all its params yet, so it is repeated only by the path that takes exactly its decisions.
+    """
     if len(codes) == 0:
         return False
-    decided = {s.column: s.code for s in steps}
-    mask = np.ones(len(codes), dtype=bool)
-    for column in range(codes.shape[1]):
-        if column in decided:
-            mask &= codes[:, column] == decided[column]
-        else:
-            mask &= codes[:, column] < 0
-    return bool(mask.any())
+    planned = np.full(codes.shape[1], ABSENT)
+    for s in steps:
+        planned[s.column] = s.code
+    present = codes != ABSENT
+    covers = np.all(~present | (codes == planned), axis=1)
+    exact = np.all(codes == planned, axis=1)
+    if partial is None:
+        return bool(covers.any())
+    return bool(np.any(np.where(partial, exact, covers)))

@@ -143,6 +143,7 @@ def make_plan(
         table.codes, [len(v) for v in table.values], evidence.rewards, evidence.weights,
         order, inactive_under, rng_tree, policy,
         failed=np.array([kind == FAILED for kind in table.kinds], dtype=bool),
+        partial=np.array([kind in (FAILED, PENDING) for kind in table.kinds], dtype=bool),
     )
     values = {}
     scores = {}

@@ -1,0 +1,30 @@
+"""The stored optima of the reference studies (``_optima.json``, written by ``_enumerate``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+OPTIMA_PATH = Path(__file__).with_name("_optima.json")
+
+
+def optimum_key(study_name: str, options: Mapping[str, Any]) -> str:
+    """Canonical key of a study and its resolved options in ``_optima.json``."""
+    return f"{study_name}:" + json.dumps(dict(options), sort_keys=True)
+
+
+def stored_optimum(key: str) -> float | None:
+    """The stored optimum for ``key``, or None where none was enumerated."""
+    if not OPTIMA_PATH.is_file():
+        return None
+    entry = json.loads(OPTIMA_PATH.read_text()).get(key)
+    return None if entry is None else float(entry["value"])
+
+
+def store_optimum(key: str, value: float, config: Mapping[str, Any]) -> None:
+    """Record an enumerated optimum (next to the study modules, wherever they are installed)."""
+    stored = json.loads(OPTIMA_PATH.read_text()) if OPTIMA_PATH.is_file() else {}
+    stored[key] = {"value": value, "config": dict(config)}
+    OPTIMA_PATH.write_text(json.dumps(stored, indent=1, sort_keys=True, default=str) + "\n")
