@@ -65,3 +65,9 @@ def optional_callables(**values: Any) -> None:
         if value is not None and not callable(value):
             raise TypeError(f"{name} must be callable or None, got {type(value).__name__} "
                             f"{value!r}")
+
+
+def single_objective(study: Any, owner: str) -> None:
+    """Our samplers and pruner rank one value per trial: refuse a multi-objective study."""
+    if len(study.directions) > 1:
+        raise ValueError(f"{owner} supports single-objective studies only")

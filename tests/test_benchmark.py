@@ -267,3 +267,17 @@ def test_suite_validates_its_arguments():
         toy_suite(contenders=[Contender("a", make_random), Contender("a", make_tpe)])
     labelled = functools.partial(toy_suite, definitions=[toy_definition(), toy_definition()])
     assert labelled().study_labels() == ["toy[direction=maximize]", "toy[direction=maximize]#2"]
+
+
+def test_rerunning_one_contender_merges_into_the_stored_results(tmp_path):
+    from autoscout_optuna import benchmark
+
+    argv = ["--suite", "baselines", "--quick", "--workers", "1", "--out", str(tmp_path)]
+    assert benchmark.main(argv) == 0
+    before = pd.read_csv(tmp_path / "baselines" / "trials.csv")
+    assert benchmark.main(argv + ["--contender", "random"]) == 0
+    after = pd.read_csv(tmp_path / "baselines" / "trials.csv")
+    # Seeded runs: re-running one contender reproduces its rows; the others are kept as stored.
+    pd.testing.assert_frame_equal(
+        before.drop(columns="sampler_ms"), after.drop(columns="sampler_ms"))
+    assert benchmark.main(argv + ["--contender", "nobody"]) == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import optuna
 import pytest
@@ -15,37 +15,8 @@ from optuna_dashboard import get_note
 from autoscout_optuna import cli, studies
 from autoscout_optuna._progress import ProgressReporter
 
-# A study file as a user would write one: a conditional knob, an infeasible corner, a simulator
-# that is biased but ranks configs right, a default config, options with a default budget.
-TOY_STUDY = textwrap.dedent('''
-    from autoscout_optuna import Infeasible
-    from autoscout_optuna._study_definition import Knobs, StudyDefinition
-
-
-    def definition(*, scale: float = 1.0, n_trials: int = 4, direction: str = "maximize"):
-        if scale <= 0:
-            raise ValueError(f"scale must be > 0, got {scale}")
-
-        def suggest(trial):
-            knobs = Knobs(trial)
-            layout = knobs.categorical("layout", ["flat", "tree"], default="flat")
-            config = {"layout": layout, "x": knobs.float("x", 0.0, 1.0, default=0.5)}
-            if layout == "tree":
-                config["depth"] = knobs.int("depth", 1, 4, default=2)
-            return config
-
-        def measure(config, rng):
-            if config.get("depth") == 4:
-                raise Infeasible("oom", "depth 4 does not fit")
-            value = scale * (1.0 + config["x"] + 0.5 * config.get("depth", 0))
-            return value * (1.0 if rng is None else float(rng.normal(1.0, 0.01)))
-
-        return StudyDefinition(
-            name="toy", direction=direction, metric="items/s", suggest=suggest,
-            measure=measure, simulate=lambda config: 1.1 * measure(config, None),
-            default_config={"layout": "flat", "x": 0.5}, options={"n_trials": n_trials},
-        )
-''')
+# A study file as a user would write one (shared with the security tests).
+TOY_STUDY = (Path(__file__).parent / "toy_study.py").read_text()
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
+
 from autoscout_optuna.benchmark._harness import Contender, Suite, TimedSampler, run_suite
 from autoscout_optuna.benchmark._report import summarize
 
@@ -35,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, help="seeds per (study, contender)")
     parser.add_argument("--trials", type=int, help="trials per run")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--contender", nargs="+", action="extend", default=[], metavar="NAME",
+                        help="re-run only these contenders and merge them into the suite's "
+                             "existing trials.csv (the others' rows are kept as they are)")
     parser.add_argument("--quick", action="store_true", help="tiny budgets, for smoke tests")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"results root, one folder per suite (default {DEFAULT_OUT})")
@@ -63,11 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m autoscout_optuna.benchmark " + shlex.join(argv)
     for suite in chosen:
         suite = _override(suite, seeds=args.seeds, trials=args.trials)
+        rerun = _only(suite, args.contender)
+        if rerun is None:
+            print(f"suite {suite.name} has no contender named {', '.join(args.contender)}; "
+                  f"it has {', '.join(c.name for c in suite.contenders)}", file=sys.stderr)
+            return 2
         print(f"== suite {suite.name}: {len(suite.definitions)} studies x "
-              f"{len(suite.contenders)} contenders x {suite.n_seeds} seeds x "
+              f"{len(rerun.contenders)} contenders x {suite.n_seeds} seeds x "
               f"{suite.n_trials} trials", flush=True)
-        run_suite(suite, args.out, n_workers=args.workers,
-                  log=lambda line: print(line, file=sys.stderr, flush=True))
+        frame = run_suite(rerun, None if args.contender else args.out, n_workers=args.workers,
+                          log=lambda line: print(line, file=sys.stderr, flush=True))
+        if args.contender:
+            _merge_into_report(suite, frame, args.out / suite.name)
         _log_command(args.out, suite.name, command.strip())
         print((args.out / suite.name / "summary.md").read_text(), flush=True)
     return 0
@@ -81,6 +93,35 @@ def _override(suite: Suite, *, seeds: int | None, trials: int | None) -> Suite:
         changes["n_trials"] = trials
         changes["budgets"] = [b for b in suite.budgets if b <= trials] or [trials]
     return dataclasses.replace(suite, **changes) if changes else suite
+
+
+def _only(suite: Suite, names: list[str]) -> Suite | None:
+    """``suite`` restricted to the named contenders (all when none named; None if none match)."""
+    if not names:
+        return suite
+    kept = [c for c in suite.contenders if c.name in names]
+    return dataclasses.replace(suite, contenders=kept) if kept else None
+
+
+def _merge_into_report(suite: Suite, fresh: pd.DataFrame, directory: Path) -> None:
+    """Replace the rows of the re-run contenders in ``directory/trials.csv``; rewrite the report.
+
+    Runs are seeded and independent, so the other contenders' stored rows are what a full run
+    would produce again: re-running only what changed saves the slow baselines (GP).
+    """
+    from autoscout_optuna.benchmark._report import write_report
+
+    stored_path = directory / "trials.csv"
+    stored = pd.read_csv(stored_path) if stored_path.is_file() else fresh.iloc[0:0]
+    rerun = set(fresh["contender"])
+    kept = stored[~stored["contender"].isin(rerun)]
+    studies, contenders = suite.study_labels(), [c.name for c in suite.contenders]
+    merged = pd.concat([kept, fresh], ignore_index=True)
+    merged["_study"] = merged["study"].map(studies.index)
+    merged["_contender"] = merged["contender"].map(contenders.index)
+    keys = ["_study", "_contender", "seed", "trial"]  # the job order of a full run
+    merged = merged.sort_values(keys, kind="stable").drop(columns=["_study", "_contender"])
+    write_report(suite, merged.reset_index(drop=True), directory)
 
 
 def _log_command(out: Path, suite_name: str, command: str) -> None:

@@ -140,8 +140,7 @@ class FidelityPruner(BasePruner):
         )
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
-        if len(study.directions) > 1:
-            raise ValueError("FidelityPruner supports single-objective studies only")
+        _validate.single_objective(study, "FidelityPruner")
         recorded = trial.user_attrs.get(_keys.FIDELITY)
         if recorded in ("simulator", "real") and _keys.FIDELITY_REASON in trial.user_attrs:
             # Asked twice in one trial: keep the first answer (Optuna's should_prune contract).

@@ -67,32 +67,8 @@ def test_dashboard_host_reaches_the_server_and_a_public_one_warns(
 
 # ---- JSON only in storage, nothing unpickled ------------------------------------------------
 
-STUDY_WITH_SIMULATOR = textwrap.dedent('''
-    from autoscout_optuna import Infeasible
-    from autoscout_optuna._study_definition import Knobs, StudyDefinition
-
-
-    def definition(*, n_trials: int = 10):
-        def suggest(trial):
-            knobs = Knobs(trial)
-            layout = knobs.categorical("layout", ["flat", "tree"], default="flat")
-            config = {"layout": layout, "x": knobs.float("x", 0.0, 1.0, default=0.5)}
-            if layout == "tree":
-                config["depth"] = knobs.int("depth", 1, 4, default=2)
-            return config
-
-        def measure(config, rng):
-            if config.get("depth") == 4:
-                raise Infeasible("oom", "depth 4 does not fit")
-            value = 1.0 + config["x"] + 0.5 * config.get("depth", 0)
-            return value * (1.0 if rng is None else float(rng.normal(1.0, 0.01)))
-
-        return StudyDefinition(
-            name="secure", direction="maximize", metric="items/s", suggest=suggest,
-            measure=measure, simulate=lambda config: 1.1 * measure(config, None),
-            default_config={"layout": "flat", "x": 0.5}, options={"n_trials": n_trials},
-        )
-''')
+# The CLI tests' study file: a conditional knob, an infeasible corner, a biased simulator.
+STUDY_WITH_SIMULATOR = (Path(__file__).parents[1] / "toy_study.py").read_text()
 
 ATTR_TABLES = ("study_user_attributes", "study_system_attributes", "trial_user_attributes",
                "trial_system_attributes")

@@ -157,11 +157,18 @@ def test_coordinate_descent_restarts_do_not_land_on_a_point_already_tried():
     assert repeats == 0
 
 
-def test_a_pruned_probe_brackets_the_line_so_the_other_side_is_probed_next():
-    # The probe at 0.75 was pruned: its estimate (worse than the center) is what the pruner
-    # judged it by. The line search goes on to the other side instead of giving up the line.
-    evidence = _evidence([[0.5], [0.75]], [1.0, 0.5], [REAL, ESTIMATE], [-1, 0], [-1, 0])
-    move = plan_move(evidence, SearchSettings(), np.random.default_rng(0))
-    assert move.phase == "probe"
-    assert move.coordinate == 0
-    assert move.point[0] < 0.5
+def test_a_known_structure_with_other_dense_values_is_not_a_repeat():
+    # Both paths are taken, but only row 1 ran with the dense values this trial will get: the
+    # best structure (row 0) is proposed again, as a new configuration.
+    codes = np.array([[0], [1]])
+    rewards = np.array([1.0, 0.2])
+    steps = plan_path(
+        codes, [2], rewards, np.ones(2), [0], {}, np.random.default_rng(0), SHORT_BACKTRACK,
+        repeatable=np.array([False, True]),
+    )
+    assert [s.code for s in steps] == [0]
+    steps = plan_path(
+        codes, [2], rewards, np.ones(2), [0], {}, np.random.default_rng(0), SHORT_BACKTRACK,
+        repeatable=np.array([True, False]),
+    )
+    assert [s.code for s in steps] == [1]

@@ -20,6 +20,7 @@ from autoscout_optuna.samplers._autoscout import plan as planning
 from autoscout_optuna.samplers._autoscout.bandit import alternate, choose_arm
 from autoscout_optuna.samplers._autoscout.reader import HistoryReader
 from autoscout_optuna.samplers._autoscout.transplant import PLAN_KEY, PlanCache, TransplantSampler
+from autoscout_optuna.samplers._mcts.sampler import FIXED_KEY as EXPLORE_FIXED_KEY
 
 STARTUP, EXPLORE, NEIGHBOUR, REFINE = "startup", "explore", "neighbour", "refine"
 STATS_KEY = "autoscout:bandit"
@@ -215,6 +216,12 @@ class AutoScoutSampler(BaseSampler):
             conditions = planning.conditions(history, space)
             set_user_attr(study, trial, CONDITIONS_KEY, conditions)
         set_system_attr(study, trial, PLAN_KEY, plan)
+        if arm == EXPLORE:
+            # MCTS then avoids only structures already run with these very dense values: a
+            # known structure with the incumbent's newer dense values is a new configuration
+            # (and often a good one), while the exact repeat would waste the trial.
+            dense = {n: v for n, v in plan["values"].items() if n in space.dense}
+            set_system_attr(study, trial, EXPLORE_FIXED_KEY, dense)
         self._cache.store(trial, PLAN_KEY, plan)
         self._cache.store(trial, _keys.ARM, arm)
         self._arm_sampler(arm).before_trial(study, trial)
@@ -254,8 +261,7 @@ class AutoScoutSampler(BaseSampler):
     # -- forwarding ---------------------------------------------------------------------------
 
     def _chosen(self, study: optuna.Study, trial: FrozenTrial) -> BaseSampler:
-        if len(study.directions) > 1:
-            raise ValueError(f"{type(self).__name__} supports single-objective studies only")
+        _validate.single_objective(study, type(self).__name__)
         arm = self._cache.lookup(study, trial, _keys.ARM)
         return self._arm_sampler(arm or STARTUP)
 

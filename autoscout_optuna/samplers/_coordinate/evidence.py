@@ -174,10 +174,9 @@ def step_size(evidence: Evidence, settings: Settings, i: int, margin: float = 0.
     distance = abs(evidence.points[row, i] - evidence.points[center, i])
     kind = evidence.kinds[row]
     change = evidence.scores[row] - evidence.scores[center]
-    scored = kind == REAL or kind == ESTIMATE  # a pruned probe's estimate counts as its result
-    if scored and change > margin:
+    if kind == REAL and change > margin:
         distance *= 2.0
-    elif kind == FAILED or (scored and change < -margin):
+    elif kind == FAILED or (kind == REAL and change < -margin):
         distance *= 0.5
     return float(np.clip(distance, settings.min_step, 0.5))
 

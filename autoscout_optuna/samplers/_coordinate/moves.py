@@ -9,7 +9,6 @@ import numpy as np
 
 from autoscout_optuna.samplers._coordinate.evidence import (
     _SAME,
-    ESTIMATE,
     FAILED,
     REAL,
     Evidence,
@@ -39,12 +38,8 @@ def line_proposal(
     """
     u_c = float(c[i])
     kinds, points = evidence.kinds, evidence.points
-    # A pruned probe's estimate brackets the line too: the pruner ran no real measurement
-    # because the estimate was not promising, so without it the line would never resolve and
-    # every probe would be pruned again and again around the same center.
-    known = on_line & ((kinds == REAL) | (kinds == ESTIMATE))
-    us = points[known, i]
-    ys = evidence.scores[known]
+    us = points[on_line & (kinds == REAL), i]
+    ys = evidence.scores[on_line & (kinds == REAL)]
     away = np.abs(us - u_c) > _SAME
     us, ys = us[away], ys[away]
     lo_wall, hi_wall = _walls(evidence, settings, i, c)

@@ -132,7 +132,7 @@ class CoordinateDescentSampler(BaseSampler):
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        _require_single_objective(study)
+        _validate.single_objective(study, type(self).__name__)
         return {}
 
     def sample_independent(
@@ -142,7 +142,7 @@ class CoordinateDescentSampler(BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
-        _require_single_objective(study)
+        _validate.single_objective(study, type(self).__name__)
         plan = self.plan_trial(study, trial)
         return self._value(study, trial, plan, param_name, param_distribution)
 
@@ -295,9 +295,6 @@ class CoordinateDescentSampler(BaseSampler):
         return from_unit(dist, rng.random())
 
 
-def _require_single_objective(study: optuna.Study) -> None:
-    if len(_storage.study_directions(study)) > 1:
-        raise ValueError("CoordinateDescentSampler supports single-objective studies only")
 
 
 def _shares(observation: Observation, structure: Mapping[str, Any]) -> bool:

@@ -56,6 +56,7 @@ def plan_path(
     policy: TreePolicy = TreePolicy(),
     failed: np.ndarray | None = None,
     partial: np.ndarray | None = None,
+    repeatable: np.ndarray | None = None,
 ) -> list[Step]:
     """Descend the tree level by level in ``order``, choosing each child by UCT.
 
@@ -73,6 +74,9 @@ def plan_path(
             one of them is avoided while another child is left (see ``_DeadEnds``).
         partial: Boolean mask of rows that may lack params they would have asked (failed or
             still running); None: the failed rows. See :func:`_is_duplicate`.
+        repeatable: Boolean mask of the rows this trial could repeat at all (None: every row);
+            e.g. a composing sampler that gives the trial other dense values than a row had
+            does not repeat that row by taking its structure.
 
     Returns:
         The planned steps, top level first. If the path repeats a configuration already in the
@@ -82,11 +86,15 @@ def plan_path(
     """
     if partial is None:
         partial = failed
+    known, known_partial = codes, partial
+    if repeatable is not None:
+        known = codes[repeatable]
+        known_partial = None if partial is None else partial[repeatable]
     stats: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # per-column global statistics
     steps = _descend(
         codes, n_values, rewards, weights, order, inactive_under, rng, policy, [], stats, failed
     )
-    if not _is_duplicate(codes, steps, partial):
+    if not _is_duplicate(known, steps, known_partial):
         return steps
     budget = policy.max_backtracks
     for level in range(len(steps) - 1, -1, -1):
@@ -109,7 +117,7 @@ def plan_path(
                 codes, n_values, rewards, weights, order, inactive_under, rng, policy,
                 candidate, stats, failed,
             )
-            if not _is_duplicate(codes, candidate, partial):
+            if not _is_duplicate(known, candidate, known_partial):
                 return candidate
         if budget <= 0:
             break
@@ -118,14 +126,14 @@ def plan_path(
     # configuration no trial took. Without this, the duplicate is proposed again and again.
     fresh = _first_unseen_path(
         codes, n_values, rewards, weights, order, inactive_under, rng, policy, stats, failed,
-        partial,
+        known, known_partial,
     )
     return steps if fresh is None else fresh
 
 
 def _first_unseen_path(
     codes, n_values, rewards, weights, order, inactive_under, rng, policy, stats, failed,
-    partial, max_nodes: int = 512,
+    known, known_partial, max_nodes: int = 512,
 ) -> list[Step] | None:
     """Depth-first search, children in UCT order, for a path that repeats no row.
 
@@ -148,7 +156,7 @@ def _first_unseen_path(
             None,
         )
         if column is None:
-            return None if _is_duplicate(codes, head, partial) else head
+            return None if _is_duplicate(known, head, known_partial) else head
         visited[0] += 1
         if visited[0] > max_nodes:
             return None
@@ -161,13 +169,13 @@ def _first_unseen_path(
         for code in ranking:
             step = Step(column, code, float(scores.score[code]), float(scores.value[code]),
                         float(scores.visits[code]))
-            taken = codes[reached, column]
+            taken = known[reached, column]
             found = search(head + [step], reached[(taken == code) | (taken == ABSENT)])
             if found is not None or visited[0] > max_nodes:
                 return found
         return None
 
-    return search([], np.arange(len(codes)))
+    return search([], np.arange(len(known)))
 
 
 def _scores_at(codes, n_values, rewards, weights, head, column, policy, stats) -> ChildScores:

@@ -4,8 +4,8 @@ structural param), and value keys that compare equal across distributions."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,8 @@ class Table:
         scores: Oriented score per row (None for failed/pending).
         ask_rank: Mean relative ask position of each column (0 = asked first).
         previous_order: The last recorded tournament winner (param names), if any.
+        params: Every param of each row (structural or not), to tell a repeat of a whole
+            configuration from a known structure met again with other dense values.
     """
 
     names: list[str]
@@ -58,6 +60,7 @@ class Table:
     scores: list[float | None]
     ask_rank: list[float]
     previous_order: list[str] | None
+    params: list[Mapping[str, Any]] = field(default_factory=list)
 
     def column_of(self, name: str) -> int | None:
         try:
@@ -192,6 +195,7 @@ class TableBuilder:
             scores=[obs.score for obs in observations],
             ask_rank=ask_rank,
             previous_order=previous_order,
+            params=[obs.params for obs in observations],
         )
 
 

@@ -130,8 +130,14 @@ def make_plan(
     rng_order: np.random.Generator,
     rng_tree: np.random.Generator,
     settings: PlanSettings,
+    fixed: Mapping[str, Any] | None = None,
 ) -> StructurePlan:
-    """Choose the level order, then descend the tree in it."""
+    """Choose the level order, then descend the tree in it.
+
+    ``fixed``: the values the trial's non-structural params will take, when a composing sampler
+    knows them: then only rows with those same values can be repeated (a known structure met
+    with other dense values is a new configuration). None: any row with the path's structure.
+    """
     table = evidence.table
     order, phase, inactive_under = choose_order(evidence, rng_order, settings)
     policy = settings.policy
@@ -144,6 +150,7 @@ def make_plan(
         order, inactive_under, rng_tree, policy,
         failed=np.array([kind == FAILED for kind in table.kinds], dtype=bool),
         partial=np.array([kind in (FAILED, PENDING) for kind in table.kinds], dtype=bool),
+        repeatable=_same_dense_values(table, fixed),
     )
     values = {}
     scores = {}
@@ -154,6 +161,22 @@ def make_plan(
     return StructurePlan(
         values=values, order=[table.names[c] for c in order], scores=scores, phase=phase
     )
+
+
+def _same_dense_values(table: Table, fixed: Mapping[str, Any] | None) -> np.ndarray | None:
+    """Rows whose every non-structural param has the value ``fixed`` gives it (None: all)."""
+    if fixed is None or len(table.params) != len(table.codes):
+        return None
+    structural = set(table.names)
+    wanted = {name: value_key(value) for name, value in fixed.items()}
+    return np.array([
+        all(wanted.get(name, _MISSING) == value_key(value)
+            for name, value in params.items() if name not in structural)
+        for params in table.params
+    ], dtype=bool)
+
+
+_MISSING = object()
 
 
 def decide_unplanned(

@@ -18,7 +18,12 @@ from autoscout_optuna._history import decision_number, observation_of
 from autoscout_optuna._keys import ORPHANED
 from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._space import contains, discrete_values, is_structural, n_levels
-from autoscout_optuna._storage import get_trials, set_user_attr, study_directions, study_id
+from autoscout_optuna._storage import (
+    get_fresh_trial,
+    get_trials,
+    set_user_attr,
+    study_id,
+)
 from autoscout_optuna.samplers._mcts.descent import TreePolicy
 from autoscout_optuna.samplers._mcts.encoding import ORDER_KEY, Table, TableBuilder
 from autoscout_optuna.samplers._mcts.fallback import IncumbentOrUniformSampler
@@ -34,6 +39,10 @@ from autoscout_optuna.samplers._mcts.plan import (
 PATH_KEY = "mcts:path"
 UCT_KEY = "mcts:uct"
 PHASE_KEY = "mcts:phase"
+# System attr a composing sampler may write before the first suggest: {param: value} of the
+# non-structural params the trial will take. Then only a trial with the same structure *and*
+# those values counts as a repeat (a known structure with new dense values is a new config).
+FIXED_KEY = "mcts:fixed"
 FALLBACK_PHASE = "fallback"
 _MAX_OPEN_RECORDS = 256
 
@@ -87,7 +96,9 @@ class MCTSSampler(BaseSampler):
 
     For a composing sampler: pass ``fallback=`` your own dense sampler, and call
     :meth:`propose_structure` to get the structural decisions MCTS would take for a trial
-    (the same ones ``sample_independent`` then serves).
+    (the same ones ``sample_independent`` then serves). If your sampler fixes the dense values
+    before the first suggest, write them to system attr ``mcts:fixed`` (``{param: value}``):
+    a known structure then counts as a repeat only with those same dense values.
 
     Args:
         seed: Seed; every random choice depends only on (seed, trial number, purpose).
@@ -206,7 +217,7 @@ class MCTSSampler(BaseSampler):
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        _single_objective(study)
+        _validate.single_objective(study, type(self).__name__)
         return {}
 
     def sample_independent(
@@ -216,7 +227,7 @@ class MCTSSampler(BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
-        _single_objective(study)
+        _validate.single_objective(study, type(self).__name__)
         if not self.is_structural(param_name, param_distribution):
             self._record(study, trial).used_fallback = True
             return self._fallback.sample_independent(
@@ -268,7 +279,7 @@ class MCTSSampler(BaseSampler):
         MCTS would explore next; params the objective asks later that the plan does not cover
         are decided on the fly by ``sample_independent``.
         """
-        _single_objective(study)
+        _validate.single_objective(study, type(self).__name__)
         return self._open_record(study, trial).plan
 
     def _record(self, study: optuna.Study, trial: FrozenTrial) -> _TrialRecord:
@@ -322,10 +333,23 @@ class MCTSSampler(BaseSampler):
             trial_rng(self._seed, number, "mcts:order"),
             trial_rng(self._seed, number, "mcts:tree"),
             self._settings,
+            fixed=_fixed_values(study, trial),
         )
         # One trial is sampled by one thread; a race would only compute the same plan twice.
         record.evidence, record.plan = evidence, plan
         return record
+
+
+def _fixed_values(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
+    """The trial's ``FIXED_KEY`` (Optuna hands samplers a FrozenTrial read before
+    ``before_trial``, so a value written there is read back from storage)."""
+    fixed = trial.system_attrs.get(FIXED_KEY)
+    if fixed is None:
+        try:
+            fixed = get_fresh_trial(study, trial).system_attrs.get(FIXED_KEY)
+        except (KeyError, AttributeError):
+            return None
+    return dict(fixed) if isinstance(fixed, dict) else None
 
 
 def _study_key(study: optuna.Study) -> tuple[str, int]:
@@ -333,9 +357,6 @@ def _study_key(study: optuna.Study) -> tuple[str, int]:
     return study.study_name, study_id(study)
 
 
-def _single_objective(study: optuna.Study) -> None:
-    if len(study_directions(study)) > 1:
-        raise ValueError("MCTSSampler supports single-objective studies only")
 
 
 def _check(ok: bool, name: str, value: Any, rule: str) -> None:
