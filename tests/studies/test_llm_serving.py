@@ -7,6 +7,7 @@ import pickle
 import numpy as np
 import optuna
 import pytest
+from _sampling import feasible_values, random_configs, suggest_fixed  # tests/studies/
 from scipy.stats import spearmanr
 
 from autoscout_optuna import studies
@@ -25,34 +26,7 @@ BASE_PARAMS = dict(
 
 
 def _suggest_fixed(definition, **overrides):
-    trial = optuna.trial.FixedTrial(dict(BASE_PARAMS, **overrides))
-    config = definition.suggest(trial)
-    return config, set(trial.params)
-
-
-def _random_configs(definition, n_trials, seed=0):
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    out = []
-    for _ in range(n_trials):
-        trial = study.ask()
-        try:
-            config = definition.suggest(trial)
-        except Infeasible:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            continue
-        study.tell(trial, 0.0)
-        out.append((dict(trial.params), config))
-    return out
-
-
-def _feasible_values(definition, configs):
-    values = []
-    for _, config in configs:
-        try:
-            values.append((config, definition.measure(config, None)))
-        except Infeasible:
-            pass
-    return values
+    return suggest_fixed(definition, BASE_PARAMS, **overrides)
 
 
 def _failure_reason(definition, config):
@@ -68,7 +42,7 @@ def study_def():
 
 @pytest.fixture(scope="module")
 def sample(study_def):
-    return _random_configs(study_def, 1500)
+    return random_configs(study_def, 1500)
 
 
 def test_conditional_knobs_appear_only_under_their_parent_choice(sample):
@@ -140,7 +114,7 @@ def test_expert_default_is_feasible(preset):
 
 def test_dense_at_defaults_suggests_no_dense_knob():
     definition = studies.load("llm_serving", dense_at_defaults=True)
-    for params, config in _random_configs(definition, 200):
+    for params, config in random_configs(definition, 200):
         assert not DENSE & set(params)
         assert config["max_num_seqs"] == llm_serving.MAX_NUM_SEQS_DEFAULT
         assert config["gpu_memory_utilization"] == llm_serving.GPU_UTIL_DEFAULT
@@ -150,7 +124,7 @@ def test_fixed_option_pins_the_structure():
     pinned = dict(tp=4, pp=1, speculative=False, chunked_prefill=True, block_size=16,
                   cuda_graphs=True, prefix_caching=True)
     definition = studies.load("llm_serving", fixed=pinned)
-    for params, config in _random_configs(definition, 30):
+    for params, config in random_configs(definition, 30):
         assert set(params) == DENSE
         assert {k: config[k] for k in pinned} == pinned
     assert definition.optimum is None
@@ -161,7 +135,7 @@ def test_simulator_disagrees_with_reference_but_ranks_alike(study_def, sample):
     # simulator ignores tails, queueing and launch overhead, so it is optimistic). Bounds leave
     # room for model tweaks but fail if the models become copies or unrelated.
     pairs = []
-    for config, value in _feasible_values(study_def, sample):
+    for config, value in feasible_values(study_def, sample):
         try:
             pairs.append((value, study_def.simulate(config)))
         except Infeasible:
@@ -201,8 +175,8 @@ def test_dense_knobs_matter_at_the_default_structure(study_def):
 def test_stored_optimum_beats_every_sampled_config_and_the_default(dense_at_defaults, sample):
     definition = studies.load("llm_serving", dense_at_defaults=dense_at_defaults)
     assert definition.optimum is not None
-    configs = sample if not dense_at_defaults else _random_configs(definition, 600, seed=1)
-    values = [value for _, value in _feasible_values(definition, configs)]
+    configs = sample if not dense_at_defaults else random_configs(definition, 600, seed=1)
+    values = [value for _, value in feasible_values(definition, configs)]
     assert len(values) > 100
     assert definition.optimum >= max(values) * (1 - 1e-9)
     assert definition.optimum >= definition.measure(dict(definition.default_config), None)

@@ -7,6 +7,7 @@ import pickle
 import numpy as np
 import optuna
 import pytest
+from _sampling import feasible_values, random_configs, suggest_fixed  # tests/studies/
 from scipy.stats import spearmanr
 
 from autoscout_optuna import studies
@@ -25,35 +26,7 @@ BASE_PARAMS = dict(
 
 
 def _suggest_fixed(definition, **overrides):
-    trial = optuna.trial.FixedTrial(dict(BASE_PARAMS, **overrides))
-    config = definition.suggest(trial)
-    return config, set(trial.params)
-
-
-def _random_configs(definition, n_trials, seed=0):
-    """(params, config) of random trials whose suggest did not fail."""
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    out = []
-    for _ in range(n_trials):
-        trial = study.ask()
-        try:
-            config = definition.suggest(trial)
-        except Infeasible:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            continue
-        study.tell(trial, 0.0)
-        out.append((dict(trial.params), config))
-    return out
-
-
-def _feasible_values(definition, configs):
-    values = []
-    for _, config in configs:
-        try:
-            values.append((config, definition.measure(config, None)))
-        except Infeasible:
-            pass
-    return values
+    return suggest_fixed(definition, BASE_PARAMS, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +36,7 @@ def study_def():
 
 @pytest.fixture(scope="module")
 def sample(study_def):
-    return _random_configs(study_def, 900)
+    return random_configs(study_def, 900)
 
 
 def test_conditional_knobs_appear_only_under_their_parent_choice(sample):
@@ -126,7 +99,7 @@ def test_expert_default_is_feasible_and_beaten_by_the_optimum(preset):
 
 def test_dense_at_defaults_suggests_no_dense_knob():
     definition = studies.load("llm_training", dense_at_defaults=True)
-    for params, config in _random_configs(definition, 200):
+    for params, config in random_configs(definition, 200):
         assert not DENSE & set(params)
         assert config["comm_sms"] == llm_training.COMM_SMS_DEFAULT
         if config["overlap_grad_reduce"]:
@@ -137,7 +110,7 @@ def test_fixed_option_pins_the_structure():
     pinned = dict(tp=2, pp=1, micro_batch=1, recompute="none", sequence_parallel=True,
                   zero_stage=1, overlap_grad_reduce=True, cuda_graphs=True)
     definition = studies.load("llm_training", fixed=pinned)
-    sample = _random_configs(definition, 30)
+    sample = random_configs(definition, 30)
     assert len(sample) == 30
     for params, config in sample:
         assert set(params) == {"bucket_size_mb", "comm_sms"}
@@ -150,7 +123,7 @@ def test_simulator_disagrees_with_reference_but_ranks_alike(study_def, sample):
     # optimistic (ignores stage imbalance, launch overhead, logits memory). The bounds leave
     # room for model tweaks but fail if the two models become copies or unrelated.
     pairs = []
-    for config, value in _feasible_values(study_def, sample):
+    for config, value in feasible_values(study_def, sample):
         try:
             pairs.append((value, study_def.simulate(config)))
         except Infeasible:
@@ -180,8 +153,8 @@ def test_measurement_noise_is_seeded_and_about_two_and_a_half_percent(study_def)
 def test_stored_optimum_beats_every_sampled_config_and_the_default(dense_at_defaults, sample):
     definition = studies.load("llm_training", dense_at_defaults=dense_at_defaults)
     assert definition.optimum is not None
-    configs = sample if not dense_at_defaults else _random_configs(definition, 600, seed=1)
-    values = [value for _, value in _feasible_values(definition, configs)]
+    configs = sample if not dense_at_defaults else random_configs(definition, 600, seed=1)
+    values = [value for _, value in feasible_values(definition, configs)]
     assert len(values) > 100
     assert definition.optimum >= max(values) * (1 - 1e-9)
     assert definition.optimum >= definition.measure(dict(definition.default_config), None)
