@@ -39,3 +39,33 @@ def feasible_values(definition, configs):
         except Infeasible:
             pass
     return values
+
+
+def simulator_agreement(definition, configs):
+    """(pairs compared, Spearman rho, median relative error) of simulator vs noiseless reference."""
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    pairs = []
+    for config, value in feasible_values(definition, configs):
+        try:
+            pairs.append((value, definition.simulate(config)))
+        except Infeasible:
+            pass
+    reference, simulated = np.array(pairs).T
+    rho = spearmanr(reference, simulated)[0]
+    return len(pairs), rho, float(np.median(np.abs(simulated - reference) / reference))
+
+
+def check_seeded_noise(definition):
+    """Noiseless repeats agree, a seed reproduces its noise; returns 400 log noise ratios."""
+    import numpy as np
+
+    config = dict(definition.default_config)
+    clean = definition.measure(config, None)
+    assert definition.measure(config, None) == clean
+    first = definition.measure(config, np.random.default_rng(7))
+    assert definition.measure(config, np.random.default_rng(7)) == first
+    assert definition.measure(config, np.random.default_rng(8)) != first
+    rng = np.random.default_rng(0)
+    return np.log([definition.measure(config, rng) / clean for _ in range(400)])

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pickle
 
-import numpy as np
 import optuna
 import pytest
-from _sampling import feasible_values, random_configs, suggest_fixed  # tests/studies/
-from scipy.stats import spearmanr
+from _sampling import (
+    check_seeded_noise,
+    feasible_values,
+    random_configs,
+    simulator_agreement,
+    suggest_fixed,
+)  # tests/studies/
 
 from autoscout_optuna import studies
 from autoscout_optuna._enumerate import find_optimum
@@ -122,29 +126,14 @@ def test_simulator_disagrees_with_reference_but_ranks_alike(study_def, sample):
     # Measured on this sample: Spearman ~0.67, median relative error ~20%, simulator
     # optimistic (ignores stage imbalance, launch overhead, logits memory). The bounds leave
     # room for model tweaks but fail if the two models become copies or unrelated.
-    pairs = []
-    for config, value in feasible_values(study_def, sample):
-        try:
-            pairs.append((value, study_def.simulate(config)))
-        except Infeasible:
-            pass
-    reference, simulated = np.array(pairs).T
-    assert len(pairs) >= 150
-    rho = spearmanr(reference, simulated)[0]
-    error = np.median(np.abs(simulated - reference) / reference)
+    n_pairs, rho, error = simulator_agreement(study_def, sample)
+    assert n_pairs >= 150
     assert 0.5 <= rho <= 0.95
     assert 0.05 <= error <= 0.5
 
 
 def test_measurement_noise_is_seeded_and_about_two_and_a_half_percent(study_def):
-    config = dict(study_def.default_config)
-    clean = study_def.measure(config, None)
-    assert study_def.measure(config, None) == clean
-    first = study_def.measure(config, np.random.default_rng(7))
-    assert study_def.measure(config, np.random.default_rng(7)) == first
-    assert study_def.measure(config, np.random.default_rng(8)) != first
-    rng = np.random.default_rng(0)
-    ratios = np.log([study_def.measure(config, rng) / clean for _ in range(400)])
+    ratios = check_seeded_noise(study_def)
     assert 0.015 <= ratios.std() <= 0.035
     assert abs(ratios.mean()) < 0.01
 
