@@ -174,20 +174,6 @@ def wall_slide(
     return None
 
 
-def pattern_point(evidence: Evidence, center: int, depth: int) -> np.ndarray | None:
-    """Hooke-Jeeves pattern move: the center plus the way it travelled over ``depth`` moves."""
-    row, steps = center, 0
-    while steps < depth and evidence.centers[row] >= 0 and evidence.centers[row] != row:
-        row = int(evidence.centers[row])
-        steps += 1
-    if row == center:
-        return None
-    travel = evidence.points[center] - evidence.points[row]
-    if np.max(np.abs(travel)) <= _SAME:
-        return None
-    return np.clip(evidence.points[center] + travel, 0.0, 1.0)
-
-
 def _likely_infeasible(
     point: np.ndarray, c: np.ndarray, failed: np.ndarray, feasible: np.ndarray, radius: float
 ) -> bool:

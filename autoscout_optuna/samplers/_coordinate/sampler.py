@@ -20,6 +20,7 @@ from autoscout_optuna._space import MAX_STRUCTURAL_LEVELS, contains, from_unit, 
 from autoscout_optuna._space import to_unit as _to_unit
 from autoscout_optuna.samplers._coordinate import search
 
+_SPECIAL_MOVES = {"pattern": search.PATTERN, "model": search.MODEL}  # moves off the axes
 _MAX_OPEN_PLANS = 256  # plans of trials in flight kept in memory (one per running trial)
 _KINDS = {"real": search.REAL, "estimate": search.ESTIMATE, "failed": search.FAILED,
           "pending": search.PENDING}
@@ -339,9 +340,11 @@ def _evidence(
         points=points,
         scores=np.array([np.nan if o.score is None else o.score for o in rows], dtype=float),
         kinds=np.array([_KINDS[o.kind] for o in rows], dtype=int),
-        moved=np.array([position.get(a.get("cd:coordinate"), -1) for a in attrs], dtype=int),
+        moved=np.array([_SPECIAL_MOVES.get(a.get("cd:phase"))
+                        or position.get(a.get("cd:coordinate"), -1) for a in attrs], dtype=int),
         centers=np.array([index_of.get(a.get("cd:center"), -1) for a in attrs], dtype=int),
         restarts=np.array([a.get("cd:phase") == "restart" for a in attrs], dtype=bool),
+        steps=np.array([_as_float(a.get("cd:step", 0.0)) for a in attrs], dtype=float),
     )
     return rows, evidence
 

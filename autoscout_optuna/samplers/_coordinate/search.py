@@ -35,6 +35,8 @@ from autoscout_optuna.samplers._coordinate.evidence import (
     ESTIMATE,
     FAILED,
     MAX_LINE_STEPS,
+    MODEL,
+    PATTERN,
     PENDING,
     REAL,
     RULES,
@@ -49,16 +51,18 @@ from autoscout_optuna.samplers._coordinate.evidence import (
     sensitivities,
     step_size,
 )
+from autoscout_optuna.samplers._coordinate.model import model_proposal
 from autoscout_optuna.samplers._coordinate.moves import (
     _likely_infeasible,
     line_proposal,
     parabola_vertex,
-    pattern_point,
     wall_slide,
 )
+from autoscout_optuna.samplers._coordinate.pattern import pattern_proposal
 
 __all__ = [
-    "ESTIMATE", "FAILED", "PENDING", "REAL", "RULES", "Evidence", "Move", "Settings", "Snap",
+    "ESTIMATE", "FAILED", "MODEL", "PATTERN", "PENDING", "REAL", "RULES", "Evidence", "Move",
+    "Settings", "Snap",
     "choose_center", "coordinate_order", "line_proposal", "parabola_vertex", "plan_move",
     "sensitivities", "step_size",
 ]
@@ -93,6 +97,29 @@ def plan_move(
     others_differ = np.abs(points - c) > _SAME
     n_diff = others_differ.sum(axis=1)
     diff_coord = np.where(n_diff == 1, others_differ.argmax(axis=1), -1)
+    failed, feasible = points[kinds == FAILED], points[(kinds == REAL) | (kinds == ESTIMATE)]
+
+    def pattern() -> Move | None:
+        proposal = pattern_proposal(evidence, center, score_c, snap, depth=d)
+        if proposal is None or _likely_infeasible(
+            proposal[1], c, failed, feasible, settings.wall_radius
+        ):
+            return None
+        return Move("pattern", proposal[1], PATTERN, proposal[0], None, center, noise)
+
+    def fitted() -> Move | None:
+        proposal = model_proposal(evidence, center, snap, rng, margin_of(noise, settings))
+        if proposal is None or _likely_infeasible(
+            proposal[1], c, failed, feasible, settings.wall_radius
+        ):
+            return None
+        return Move("model", proposal[1], MODEL, proposal[0], None, center, noise)
+
+    # Momentum: a center a pattern (model) move found continues along its travel (model).
+    if evidence.moved[center] == PATTERN and (move := pattern()) is not None:
+        return move
+    if evidence.moved[center] == MODEL and (move := fitted()) is not None:
+        return move
     for i in coordinate_order(evidence, settings, rng, center):
         on_line = (n_diff == 0) | (diff_coord == i)
         if np.sum((evidence.moved == i) & (evidence.centers == center)) >= MAX_LINE_STEPS:
@@ -110,20 +137,17 @@ def plan_move(
         if _is_taken(point, pending) or _is_taken(point, points[kinds == ESTIMATE]):
             continue
         return Move(phase, point, i, float(u - c[i]), slope, center, noise)
+    # Every coordinate line is resolved: follow the way the center travelled (a valley).
+    if (move := pattern()) is not None:
+        return move
+    # Then the best point of a quadratic fitted around the center (sees coupled knobs).
+    if (move := fitted()) is not None:
+        return move
     slide = wall_slide(evidence, settings, c, center, snap, margin_of(noise, settings))
     if slide is not None:
         i, point = slide
         return Move("slide", point, i, float(point[i] - c[i]), None, center, noise)
     n_restarts = int(np.sum(evidence.restarts & (evidence.centers == center)))
-    failed, feasible = points[kinds == FAILED], points[(kinds == REAL) | (kinds == ESTIMATE)]
-    if n_restarts == 0:  # first, follow the way the center travelled (a curved valley)
-        pattern = pattern_point(evidence, center, depth=d)
-        if pattern is not None:
-            point = np.array([snap(i, u) for i, u in enumerate(pattern)])
-            if not _is_taken(point, points) and not _likely_infeasible(
-                point, c, failed, feasible, settings.wall_radius
-            ):
-                return Move("restart", point, -1, 0.0, None, center, noise)
     # Per coordinate, on the scale its line search ended at: an ill-conditioned problem gets a
     # narrow perturbation along its steep knobs. Widen with each miss, then start small again.
     margin = margin_of(noise, settings)
