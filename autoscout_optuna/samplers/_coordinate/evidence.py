@@ -186,7 +186,7 @@ def step_size(evidence: Evidence, settings: Settings, i: int, margin: float = 0.
     distance = abs(evidence.points[row, i] - evidence.points[center, i])
     kind = evidence.kinds[row]
     change = evidence.scores[row] - evidence.scores[center]
-    if kind == REAL and change > margin:
+    if kind == REAL and change >= -margin:
         distance *= 2.0
     elif kind == FAILED or (kind == REAL and change < -margin):
         distance *= 0.5

@@ -32,7 +32,7 @@ def model_proposal(
     """``(radius, point)``: the fitted quadratic's best point near the center, or None.
 
     None when there are too few points to fit, when the model promises less than ``margin``
-    over the center, or when the last model point around this center was not followed by a
+    (the noise of one measurement) over the center, scaled down by the fit's averaging, or when the last model point around this center was not followed by a
     restart yet (model and restart points alternate).
     """
     points, kinds = evidence.points, evidence.kinds
@@ -65,8 +65,11 @@ def model_proposal(
         candidates = np.vstack([candidates, np.clip(c + newton * scale, low, high)])
     predicted = _features((candidates - c) / scale) @ coefficients
     at_center = coefficients[0]
+    # The fit averages its points' noise: a promise a fraction of one measurement's noise is
+    # worth a trial (whether it becomes the center is still decided on measurements).
+    needed = margin / np.sqrt(len(nearest))
     for index in np.argsort(-predicted)[:8]:
-        if predicted[index] - at_center <= margin:
+        if predicted[index] - at_center <= needed:
             return None
         point = np.array([snap(i, u) for i, u in enumerate(candidates[index])])
         if np.max(np.abs(point - c)) > _SAME and not _is_taken(point, points):
