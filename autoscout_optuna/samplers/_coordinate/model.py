@@ -32,8 +32,9 @@ def model_proposal(
     """``(radius, point)``: the fitted quadratic's best point near the center, or None.
 
     None when there are too few points to fit, when the model promises less than ``margin``
-    (the noise of one measurement) over the center, scaled down by the fit's averaging, or when the last model point around this center was not followed by a
-    restart yet (model and restart points alternate).
+    (the noise of one measurement, scaled down by the fit's averaging) over the center, or
+    when the last model point around this center was not followed by a restart yet (model and
+    restart points alternate).
     """
     points, kinds = evidence.points, evidence.kinds
     d = points.shape[1]
