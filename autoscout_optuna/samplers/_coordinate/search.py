@@ -45,6 +45,7 @@ from autoscout_optuna.samplers._coordinate.evidence import (
     Settings,
     Snap,
     _is_taken,
+    _same_point_rows,
     choose_center,
     margin_of,
     point_mean,
@@ -92,6 +93,10 @@ def plan_move(
     judged = points[kinds == ESTIMATE]
     if top != center and not _is_taken(points[top], pending) and not _is_taken(points[top], judged):
         return Move("confirm", points[top].copy(), center=center, noise=noise)
+    if _stalled_on_one_measurement(evidence, center, noise, d) and not _is_taken(
+        points[center], pending
+    ) and not _is_taken(points[center], judged):
+        return Move("confirm", points[center].copy(), center=center, noise=noise)
     c = points[center]
     score_c = point_mean(evidence, center)
     others_differ = np.abs(points - c) > _SAME
@@ -196,3 +201,19 @@ def coordinate_order(
     if last < 0:
         return order
     return [last] + [i for i in order if i != last]
+
+
+def _stalled_on_one_measurement(
+    evidence: Evidence, center: int, noise: float | None, d: int
+) -> bool:
+    """Whether a noisy center, measured once, has already resisted ``2 d + 2`` moves.
+
+    The best of many noisy measurements is biased upwards (the winner's curse): a center that
+    owes its place to one lucky measurement makes every honest neighbour look worse, and the
+    search stalls around it. Measuring it again is cheaper than the moves it would waste.
+    """
+    if noise is None or noise <= 0.0:
+        return False
+    if int(np.sum(_same_point_rows(evidence, center))) >= 2:
+        return False
+    return int(np.sum(evidence.centers == center)) >= 2 * d + 2
