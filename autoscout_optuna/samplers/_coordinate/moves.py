@@ -54,7 +54,12 @@ def line_proposal(
         if y_l > score_c or y_r > score_c:
             return None  # the center is not the line's best yet: wait for it to move
         if max(score_c - y_l, score_c - y_r) < noise_margin:
-            return None
+            # Flat within the noise: a plateau, or steps too small to see the slope. Look
+            # further out (doubling the farthest tie's distance) before calling it resolved.
+            # Not towards a wall: a flat score there only costs failures.
+            return _beyond_flat(us, ys, u_c, score_c, lo if np.isinf(lo_wall) else u_c,
+                                hi if np.isinf(hi_wall) else u_c, noise_margin, snap, i, slope,
+                                settings.min_step)
         vertex = parabola_vertex(u_l, y_l, u_c, score_c, u_r, y_r)
         if vertex is None:  # flat or convex: split the wider side
             vertex = (u_c + u_l) / 2 if u_c - u_l > u_r - u_c else (u_c + u_r) / 2
@@ -89,6 +94,29 @@ def line_proposal(
     if np.isfinite(wall) and (snapped - wall) * direction >= -_SAME:
         return None
     return _unless_measured(snapped, i, u_c, us, "probe", slope)
+
+
+def _beyond_flat(
+    us: np.ndarray, ys: np.ndarray, u_c: float, score_c: float, lo: float, hi: float,
+    margin: float, snap: Snap, i: int, slope: float | None, min_step: float,
+) -> tuple[float, str, float | None] | None:
+    """A probe twice as far as the farthest tie on the less explored side, None if none.
+
+    ``lo`` and ``hi`` bound the probe (a side with a wall is passed as no room at all).
+    """
+    sides = []
+    for side in (-1.0, 1.0):
+        mine = (us - u_c) * side > 0
+        far = float(np.max((us[mine] - u_c) * side))
+        tie = ys[mine][np.argmax((us[mine] - u_c) * side)] >= score_c - margin
+        room = (hi - u_c) if side > 0 else (u_c - lo)
+        if tie and room - far >= min_step:
+            sides.append((far, side, min(2.0 * far, room)))
+    for _, side, distance in sorted(sides):
+        probe = _unless_measured(snap(i, u_c + side * distance), i, u_c, us, "probe", slope)
+        if probe is not None:
+            return probe
+    return None
 
 
 def parabola_vertex(a: float, fa: float, b: float, fb: float, c: float, fc: float) -> float | None:

@@ -139,7 +139,8 @@ def plan_move(
         u, phase, slope = proposal
         point = c.copy()
         point[i] = u
-        if _is_taken(point, pending) or _is_taken(point, points[kinds == ESTIMATE]):
+        # Running elsewhere, judged by the pruner, or known to fail: never proposed again.
+        if _is_taken(point, points[(kinds == PENDING) | (kinds == ESTIMATE) | (kinds == FAILED)]):
             continue
         return Move(phase, point, i, float(u - c[i]), slope, center, noise)
     # Every coordinate line is resolved: follow the way the center travelled (a valley).
