@@ -328,3 +328,44 @@ def test_line_bisects_between_the_center_and_the_wall() -> None:
     rows.add([0.625], 1.5)  # confirmed: the new center
     move = plan_move(rows.evidence(), Settings(), np.random.default_rng(1))
     assert 0.625 < move.point[0] < 0.75  # towards the wall again, never at or past it
+
+
+def _noisy_center_rows() -> Rows:
+    """A center measured three times (noise sigma ~0.1) at 0.5 on a 1-D line."""
+    rows = Rows(1)
+    for score in (1.0, 1.1, 0.9):
+        rows.add([0.5], score)
+    return rows
+
+
+def test_flat_line_within_the_noise_is_probed_further_out() -> None:
+    rows = _noisy_center_rows()
+    rows.add([0.45], 0.98, moved=0, center=0)  # both neighbours tie with the center
+    rows.add([0.55], 0.97, moved=0, center=0)
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert move.phase == "probe"
+    assert abs(move.point[0] - 0.5) == pytest.approx(0.1)  # twice the farthest tie's distance
+
+
+def test_flat_line_is_not_probed_further_towards_a_wall() -> None:
+    rows = _noisy_center_rows()
+    rows.add([0.45], 0.98, moved=0, center=0)
+    rows.add([0.55], 0.97, moved=0, center=0)
+    rows.add([0.6], np.nan, kind=FAILED, moved=0, center=0)
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert move.phase == "probe"
+    assert move.point[0] == pytest.approx(0.4)  # only the side without a wall
+
+
+def test_noisy_center_measured_once_is_remeasured_when_it_stalls() -> None:
+    rows = Rows(1)
+    for score in (1.0, 1.2, 1.1):  # repeats: the noise is known
+        rows.add([0.2], score)
+    rows.add([0.5], 2.0, moved=0, center=0)  # a lucky single measurement: now the center
+    for u in (0.55, 0.45, 0.6):
+        rows.add([u], 1.8, moved=0, center=3)
+    assert plan_move(rows.evidence(), Settings(), np.random.default_rng(0)).phase != "confirm"
+    rows.add([0.4], 1.8, moved=0, center=3)  # 2d + 2 = 4 moves from it, none better
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert move.phase == "confirm"
+    assert move.point[0] == pytest.approx(0.5)

@@ -31,9 +31,11 @@ class CoordinateDescentSampler(BaseSampler):
 
     Each trial moves one dense coordinate of the current center (in the unit cube: log knobs in
     log space, integers and stepped floats rounded): a probe along the estimated slope, the
-    other side, then the vertex of the parabola through the bracket. Failed trials are walls; an
-    apparent improvement within the measurement noise is re-measured before the center moves;
-    when every coordinate is resolved the sampler restarts around the center.
+    other side, then the vertex of the parabola through the bracket. Failed trials are walls,
+    approached by bisection and never crossed; an apparent improvement within the measurement
+    noise is re-measured before the center moves. When every coordinate is resolved the sampler
+    follows the center's travel (a pattern move), then the best point of a quadratic fitted
+    around the center (a model move: curved valleys, coupled knobs), then restarts around it.
 
     The structure kept is the one handed over in the trial's system attr
     ``autoscout_optuna._keys.STRUCTURE`` (``{param: value}``, written by an orchestrator before
@@ -41,8 +43,10 @@ class CoordinateDescentSampler(BaseSampler):
     without such an anchor, and every param of a space with no dense knob, go to ``fallback``.
 
     Every decision is stored on the trial: user attrs ``cd:phase`` (startup / confirm / probe /
-    step / restart / fallback), ``cd:coordinate``, ``cd:step`` (signed, unit cube), ``cd:slope``,
-    ``cd:center`` (trial number). Nothing else is kept: a resumed or parallel study rebuilds the
+    step / slide / pattern / model / restart / fallback), ``cd:coordinate`` (None for moves off
+    the axes), ``cd:step`` (signed, unit cube; for ``pattern`` the multiple ``t`` of the
+    center's travel, for ``model`` the trust radius), ``cd:slope``, ``cd:center`` (trial
+    number). Nothing else is kept: a resumed or parallel study rebuilds the
     same state from storage (a memo of finished trials only saves re-reading them).
 
     Example:

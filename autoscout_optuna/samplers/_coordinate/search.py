@@ -9,21 +9,31 @@ The rule, per trial:
 
 1. **Center**: the measured point with the best lower confidence bound ``mean - k*sigma/sqrt(n)``
    (sigma pooled from repeated measurements). A single measurement that beats the center by less
-   than the noise is re-measured first (``confirm``) instead of being chased.
+   than the noise is re-measured first (``confirm``) instead of being chased; so is a center
+   that owes its place to one noisy measurement and has resisted ``2d + 2`` moves (the best of
+   many noisy measurements is biased upwards, and every honest neighbour then looks worse).
 2. **Coordinate**: the line being searched stays until resolved; then the next coordinate in
    cyclic order (default), uniformly at random, or weighted by the score change each produced.
-   The ``coordinate`` benchmark (10 seeds) has cyclic first or tied on 5 of 7 studies; the
+   The ``coordinate`` benchmark (10 seeds) has cyclic first or tied on most studies; the
    differences between the rules are within seed-to-seed spread, so the simplest one stays.
 3. **Line search** on the line through the center along that coordinate: probe one side (the
    direction of the estimated slope), then the other; once bracketed, jump to the vertex of the
-   parabola through the center and its two neighbours. Expanding steps double after a success,
-   a step into an infeasible point halves: failed points are walls that are never crossed again.
-4. **Slide**: when the center is pressed against a wall (a failed neighbour along one
+   parabola through the center and its two neighbours. Steps double after a success or a tie
+   within the noise (a step too small to see the slope says nothing), halve after a clear loss
+   or a failure. Failed points are walls: a probe that would reach one bisects between the
+   center and the wall, and no point at or beyond a failure is proposed again. A bracket flat
+   within the noise (a plateau) is probed further out before it counts as resolved.
+4. **Pattern** (``pattern.py``): when every coordinate line is resolved, a line search along the
+   way the center travelled over its last ``d`` moves (Hooke-Jeeves), from ``t = 1``, bisecting
+   towards failures; a center found this way continues along its longer travel first.
+5. **Model** (``model.py``): then the best point, within the region its data covers, of a
+   quadratic fitted to the points around the center: its cross terms see curved valleys and
+   coupled knobs that no axis move can. Model points alternate with restarts.
+6. **Slide**: when the center is pressed against a wall (a failed neighbour along one
    coordinate), try that neighbour's value with one other coordinate moved: constraints that
    couple knobs (batch size against memory) are followed instead of stopping at them.
-5. **Restart**: when every line through the center is resolved, perturb all coordinates around the
-   center, each on the scale of its last step, a scale that doubles with each unsuccessful
-   restart (1x, 2x, 4x, 8x, then 1x again).
+7. **Restart**: perturb all coordinates around the center, each on the scale of its last step,
+   a scale that doubles with each unsuccessful restart (1x ... 32x, then 1x again).
 """
 
 from __future__ import annotations
