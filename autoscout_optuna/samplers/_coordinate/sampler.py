@@ -72,7 +72,7 @@ class CoordinateDescentSampler(BaseSampler):
         min_step: Resolution below which a coordinate counts as resolved (unit cube).
         confidence: Multiple of the noise a single measurement must beat to move the center.
         restart_radius: First restart around a resolved center, in multiples of each
-            coordinate's last step (doubles per miss, up to 8x, then starts again).
+            coordinate's last step (doubles per miss, up to 32x, then starts again).
         max_structural_levels: Discrete domains with at most this many values are structural.
     """
 
