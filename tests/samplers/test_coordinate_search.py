@@ -369,3 +369,25 @@ def test_noisy_center_measured_once_is_remeasured_when_it_stalls() -> None:
     move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
     assert move.phase == "confirm"
     assert move.point[0] == pytest.approx(0.5)
+
+
+def _next_to_a_wall(tie_score: float) -> Rows:
+    """Center (0.3, 0.5) measured three times, a failure below it along x, one point above."""
+    rows = Rows(2)
+    for score in (1.0, 1.1, 0.9):
+        rows.add([0.3, 0.5], score)
+    rows.add([0.2, 0.5], np.nan, kind=FAILED, moved=0, center=0)
+    rows.add([0.6, 0.5], tie_score, moved=0, center=0)
+    return rows
+
+
+def test_center_moves_away_from_a_wall_to_a_point_tied_with_it() -> None:
+    # x does not change the score but bounds another knob (memory fraction against batch):
+    # the tied point farther from the failure is the better place to search from.
+    move = plan_move(_next_to_a_wall(0.97).evidence(), Settings(), np.random.default_rng(0))
+    assert move.center == 4
+
+
+def test_center_stays_when_the_point_away_from_the_wall_is_clearly_worse() -> None:
+    move = plan_move(_next_to_a_wall(0.5).evidence(), Settings(), np.random.default_rng(0))
+    assert move.center == 0

@@ -151,6 +151,35 @@ def local_slope(
     return float(np.sum(weights * dx * dy) / np.sum(weights * dx * dx))
 
 
+def headroom_center(evidence: Evidence, settings: Settings, center: int, margin: float) -> int:
+    """The center, or a point tied with it (within ``margin``) farther from a wall on its line.
+
+    A knob that does not change the score but bounds another one (the memory fraction against
+    the batch size that still fits) leaves the center wherever it was first measured, often
+    next to the wall, where the other knob has no room. Among points equally good within the
+    noise, the one with the most room from the failure is the better place to search from.
+    """
+    points, kinds = evidence.points, evidence.kinds
+    if not np.any(kinds == FAILED) or margin <= 0.0:
+        return center
+    c = points[center]
+    score_c = point_mean(evidence, center)
+    differ = np.abs(points - c) > _SAME
+    single = differ.sum(axis=1) == 1
+    for i in range(points.shape[1]):
+        lo_wall, hi_wall = _walls(evidence, settings, i, c)
+        if np.isfinite(lo_wall) == np.isfinite(hi_wall):
+            continue  # no wall on this line, or walls on both sides
+        away = 1.0 if np.isfinite(lo_wall) else -1.0
+        rows = np.flatnonzero(
+            single & differ[:, i] & (kinds == REAL) & ((points[:, i] - c[i]) * away > 0)
+            & (evidence.scores >= score_c - margin)
+        )
+        if rows.size:
+            return int(rows[np.argmax((points[rows, i] - c[i]) * away)])
+    return center
+
+
 def wall_slide(
     evidence: Evidence, settings: Settings, c: np.ndarray, center: int, snap: Snap, margin: float
 ) -> tuple[int, np.ndarray] | None:

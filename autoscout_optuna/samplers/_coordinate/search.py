@@ -12,6 +12,9 @@ The rule, per trial:
    than the noise is re-measured first (``confirm``) instead of being chased; so is a center
    that owes its place to one noisy measurement and has resisted ``2d + 2`` moves (the best of
    many noisy measurements is biased upwards, and every honest neighbour then looks worse).
+   Next to a wall, a point tied with the center (within the noise) farther from the failure on
+   the same line takes its place (``headroom_center``): a knob that does not change the score
+   but bounds another (memory fraction against batch size) then leaves the other knob room.
 2. **Coordinate**: the line being searched stays until resolved; then the next coordinate in
    cyclic order (default), uniformly at random, or weighted by the score change each produced.
    The ``coordinate`` benchmark (10 seeds) has cyclic first or tied on most studies; the
@@ -65,6 +68,7 @@ from autoscout_optuna.samplers._coordinate.evidence import (
 from autoscout_optuna.samplers._coordinate.model import model_proposal
 from autoscout_optuna.samplers._coordinate.moves import (
     _likely_infeasible,
+    headroom_center,
     line_proposal,
     parabola_vertex,
     wall_slide,
@@ -107,6 +111,8 @@ def plan_move(
         points[center], pending
     ) and not _is_taken(points[center], judged):
         return Move("confirm", points[center].copy(), center=center, noise=noise)
+    margin = margin_of(noise, settings)
+    center = headroom_center(evidence, settings, center, margin)
     c = points[center]
     score_c = point_mean(evidence, center)
     others_differ = np.abs(points - c) > _SAME
