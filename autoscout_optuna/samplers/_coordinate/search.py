@@ -17,7 +17,7 @@ The rule, per trial:
    but bounds another (memory fraction against batch size) then leaves the other knob room.
 2. **Coordinate**: the line being searched stays until resolved; then the next coordinate in
    cyclic order (default), uniformly at random, or weighted by the score change each produced.
-   The ``coordinate`` benchmark (10 seeds) has cyclic first or tied on most studies; the
+   The ``coordinate`` benchmark (10 seeds) has cyclic first or tied on 5 of 7 studies; the
    differences between the rules are within seed-to-seed spread, so the simplest one stays.
 3. **Line search** on the line through the center along that coordinate: probe one side (the
    direction of the estimated slope), then the other; once bracketed, jump to the vertex of the
