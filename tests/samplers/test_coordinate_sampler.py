@@ -40,6 +40,7 @@ def dense_objective(trial: optuna.Trial) -> float:
         ({"min_step": 0.5}, "min_step"),
         ({"confidence": -1.0}, "confidence"),
         ({"restart_radius": 0.0}, "restart_radius"),
+        ({"headroom": "yes"}, "headroom"),
         ({"max_structural_levels": -1}, "max_structural_levels"),
         ({"fallback": "random"}, "fallback"),
     ],

@@ -391,3 +391,9 @@ def test_center_moves_away_from_a_wall_to_a_point_tied_with_it() -> None:
 def test_center_stays_when_the_point_away_from_the_wall_is_clearly_worse() -> None:
     move = plan_move(_next_to_a_wall(0.5).evidence(), Settings(), np.random.default_rng(0))
     assert move.center == 0
+
+
+def test_headroom_off_keeps_the_center_of_the_lower_confidence_bound() -> None:
+    move = plan_move(_next_to_a_wall(0.97).evidence(), Settings(headroom=False),
+                     np.random.default_rng(0))
+    assert move.center == 0

@@ -314,7 +314,9 @@ def _build_mcts(seed: int, fallback: BaseSampler, feature_prioritization: bool) 
 def _build_coordinate(seed: int, fallback: BaseSampler) -> BaseSampler:
     from autoscout_optuna.samplers._coordinate.sampler import CoordinateDescentSampler
 
-    return CoordinateDescentSampler(seed=seed, fallback=fallback)
+    # Without headroom: on llm_serving the orchestrator's dense arm then stays on its best
+    # goodput plateau (best/optimum at 100 trials, 10 seeds: mean 0.90 without, 0.86 with).
+    return CoordinateDescentSampler(seed=seed, fallback=fallback, headroom=False)
 
 
 def _accepts(cls: type, name: str) -> bool:

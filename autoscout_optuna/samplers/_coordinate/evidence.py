@@ -86,6 +86,7 @@ class Settings:
     wall_radius: float = 0.02
     restart_radius: float = 1.0
     resolve_fraction: float = 0.02
+    headroom: bool = True
 
 
 Snap = Callable[[int, float], float]

@@ -112,7 +112,8 @@ def plan_move(
     ) and not _is_taken(points[center], judged):
         return Move("confirm", points[center].copy(), center=center, noise=noise)
     margin = margin_of(noise, settings)
-    center = headroom_center(evidence, settings, center, margin)
+    if settings.headroom:
+        center = headroom_center(evidence, settings, center, margin)
     c = points[center]
     score_c = point_mean(evidence, center)
     others_differ = np.abs(points - c) > _SAME
