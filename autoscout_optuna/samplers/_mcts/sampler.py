@@ -39,6 +39,8 @@ from autoscout_optuna.samplers._mcts.plan import (
 PATH_KEY = "mcts:path"
 UCT_KEY = "mcts:uct"
 PHASE_KEY = "mcts:phase"
+# {"p_fail": learned failure probability of the path run, "rejected": [[p_fail, path], ...]}.
+FEASIBILITY_KEY = "mcts:feasibility"
 # System attr a composing sampler may write before the first suggest: {param: value} of the
 # non-structural params the trial will take. Then only a trial with the same structure *and*
 # those values counts as a repeat (a known structure with new dense values is a new config).
@@ -270,6 +272,8 @@ class MCTSSampler(BaseSampler):
         set_user_attr(study, trial, UCT_KEY, {name: record.scores[name] for name, _ in path})
         set_user_attr(study, trial, ORDER_KEY, order)
         set_user_attr(study, trial, PHASE_KEY, phase)
+        if record.plan.feasibility:
+            set_user_attr(study, trial, FEASIBILITY_KEY, record.plan.feasibility)
 
     # -- composition API -------------------------------------------------------------------
     def propose_structure(self, study: optuna.Study, trial: FrozenTrial) -> StructurePlan:
