@@ -64,6 +64,10 @@ class AutoScoutSampler(BaseSampler):
        - gain(s) - 2 noise)`` (``gain`` = best minus first score of a structure, ``s*`` the
        incumbent structure): a structure that beat the incumbent at a comparable stage gets
        dense tuning too, instead of being judged against a tuned incumbent.
+    4. **Patience**: once the refine target had ``3`` refinements per dense knob without a gain
+       beyond the noise, refine is off the table (reason recorded) until the target or its
+       best changes, unless every recent structure proposal failed. With no feasible trial
+       after start-up, MCTS (which learns which structures fail) explores instead of coverage.
 
     Every hook and ``reseed_rng`` is forwarded to the chosen sub-sampler; the arm is read back
     from the trial's attrs, so any worker can run any hook. Decisions are recorded as user

@@ -74,9 +74,11 @@ class MCTSSampler(BaseSampler):
     (feature prioritization) puts the params that explain most of the reward spread at the top,
     never a conditional knob before its parent. FAIL trials penalize their path (and a path
     that would repeat a failed trial's decisions is avoided), PRUNED trials count as
-    low-fidelity estimates, RUNNING trials as virtual losses. An evaluated configuration is not
-    proposed again. A share of trials exploits: greedy along the best result, so the
-    duplicate rule takes a local step from the incumbent.
+    low-fidelity estimates, RUNNING trials as virtual losses. A logistic model of P(FAIL) over
+    the structure, fitted on the trials that failed after asking every param (out of memory and
+    the like), re-draws a planned path that is likely to fail (attr ``mcts:feasibility``). An
+    evaluated configuration is not proposed again. A share of trials exploits: greedy along the
+    best result, so the duplicate rule takes a local step from the incumbent.
 
     Dense params (continuous, large ranges) go to ``fallback``.
 
