@@ -219,14 +219,22 @@ def _same_dense_values(table: Table, fixed: Mapping[str, Any] | None) -> np.ndar
         return None
     structural = set(table.names)
     wanted = {name: value_key(value) for name, value in fixed.items()}
-    return np.array([
-        all(wanted.get(name, _MISSING) == value_key(value)
-            for name, value in params.items() if name not in structural)
-        for params in table.params
-    ], dtype=bool)
-
-
-_MISSING = object()
+    # Most rows differ in some dense value, so the comparison stops early; value_key is called
+    # only on a mismatch of the raw values (it is the slow part, and 4 == 4.0 must still match).
+    same = np.zeros(len(table.params), dtype=bool)
+    for row, params in enumerate(table.params):
+        for name, value in params.items():
+            if name in structural:
+                continue
+            if name not in fixed:
+                break
+            raw = fixed[name]
+            if not (type(raw) is type(value) and raw == value) and (
+                    wanted[name] != value_key(value)):
+                break
+        else:
+            same[row] = True
+    return same
 
 
 def decide_unplanned(
