@@ -294,3 +294,34 @@ def test_benchmark_suites_compare_ablations_and_measure_overhead():
             suite_module.overhead_suggest(t)), n_trials=1, catch=(Exception,))
         knobs |= set(study.trials[0].params)
     assert len(knobs) == 15
+
+
+def test_refining_stops_on_a_structure_that_no_longer_improves():
+    # The dense knob does nothing: after its patience, refining the structure stops while
+    # exploration still finds feasible structures.
+    def objective(trial):
+        layout = trial.suggest_categorical("layout", ["a", "b", "c", "d"])
+        width = trial.suggest_categorical("width", [1, 2, 3, 4, 5, 6])
+        trial.suggest_float("x", 0.0, 1.0)
+        return {"a": 0.0, "b": 1.0, "c": 2.0, "d": 3.0}[layout] + 0.1 * width
+
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(seed=0))
+    study.optimize(objective, n_trials=60)
+    reasons = [t.user_attrs[_keys.REASON] for t in study.trials]
+    assert any("gained nothing" in r for r in reasons)
+    arms = [t.user_attrs[_keys.ARM] for t in study.trials]
+    assert arms[30:].count("refine") <= 6
+
+
+def test_refining_goes_on_while_it_pays():
+    def objective(trial):
+        layout = trial.suggest_categorical("layout", ["a", "b"])
+        x = trial.suggest_float("x", -10.0, 10.0)
+        y = trial.suggest_float("y", -10.0, 10.0)
+        return (x - 7.3) ** 2 + (y + 4.1) ** 2 + (layout == "a")
+
+    study = optuna.create_study(sampler=AutoScoutSampler(seed=0))
+    study.optimize(objective, n_trials=40)
+    reasons = [t.user_attrs[_keys.REASON] for t in study.trials]
+    assert not any("gained nothing" in r for r in reasons)
+    assert study.best_value < 0.5

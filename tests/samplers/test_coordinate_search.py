@@ -252,6 +252,16 @@ def test_integer_snap_moves_at_least_one_grid_step() -> None:
     assert np.nanmax(rows.scores) == pytest.approx(0.0, abs=1e-12)
 
 
+def test_cyclic_order_starts_at_a_random_coordinate_before_any_move():
+    rows = Rows(4)
+    rows.add([0.5, 0.5, 0.5, 0.5], 1.0)
+    orders = [search.coordinate_order(rows.evidence(), Settings(), np.random.default_rng(seed), 0)
+              for seed in range(20)]
+    assert len({order[0] for order in orders}) > 1  # declaration order does not decide
+    for order in orders:  # still a cycle
+        assert order == [(order[0] + k) % 4 for k in range(4)]
+
+
 # ---- pattern, model and wall moves -------------------------------------------------------
 
 

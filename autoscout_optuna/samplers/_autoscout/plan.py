@@ -20,6 +20,8 @@ from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
 from autoscout_optuna.samplers._autoscout.startup import infer_conditions, least_covered
 
 ARMED = ("explore", "neighbour", "refine")
+# Refinement trials per dense knob a structure gets without a gain before refining it stops.
+PATIENCE_PER_KNOB = 3
 WINDOW = 200
 RECENT = 20
 
@@ -178,15 +180,55 @@ def refine_target(
     digest: StudyDigest, space: ObservedSpace, *, estimator: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The structure the refine arm works on, and why (see ``did.structure_potential``)."""
-    potential = potential_from(digest.ledger, estimator=estimator, noise=digest.noise())
+    key, potential = _target_key(digest, estimator)
     top_key = digest.ledger.incumbent
-    key = max(potential, key=lambda k: (potential[k], k == top_key))
     why = {
         "incumbent_structure": key == top_key,
         "potential": round(potential[key], 6),
         "incumbent_best": round(potential.get(top_key, float("nan")), 6),
     }
     return structure_of(digest.examples[key], space), why
+
+
+def _target_key(digest: StudyDigest, estimator: str) -> tuple[Any, dict[Any, float]]:
+    potential = potential_from(digest.ledger, estimator=estimator, noise=digest.noise())
+    top_key = digest.ledger.incumbent
+    return max(potential, key=lambda k: (potential[k], k == top_key)), potential
+
+
+def refine_patience(
+    history: Sequence[Seen], digest: StudyDigest, space: ObservedSpace, *, estimator: str
+) -> tuple[int, int]:
+    """``(stale, patience)`` of the structure the refine arm would work on.
+
+    ``stale`` counts its refinement trials since the last one that beat the structure's best by
+    more than the measurement noise (failed and running ones included); ``patience`` is two
+    trials per dense knob the structure has (``PATIENCE_PER_KNOB``): a probe either way along
+    every coordinate, then one step to the vertex of the parabola through them.
+    A structure that used its patience without a gain is tuned as far as coordinate descent
+    takes it, and more refinement trials would only re-measure noise.
+    """
+    if digest.ledger.incumbent is None:
+        return 0, 0
+    key, _ = _target_key(digest, estimator)
+    n_dense = sum(1 for n in digest.examples[key].params if n in space.dense)
+    noise = digest.noise()
+    stale = 0
+    for obs in reversed(history):
+        if obs.arm != "refine" or obs.structure != key:
+            continue
+        gain = obs.gains.get(estimator)
+        if obs.kind != "pending" and gain is not None and gain > noise:
+            break
+        stale += 1
+    return stale, max(2, PATIENCE_PER_KNOB * n_dense)
+
+
+def exploring_succeeds(history: Sequence[Seen], last: int = 5) -> bool:
+    """Whether one of the ``last`` finished explore/neighbour trials ended with a value."""
+    kinds = [o.kind for o in reversed(history)
+             if o.arm in ("explore", "neighbour") and o.kind != "pending"][:last]
+    return any(kind in ("real", "estimate") for kind in kinds)
 
 
 def _arm(obs: Seen) -> str:

@@ -64,6 +64,10 @@ class AutoScoutSampler(BaseSampler):
        - gain(s) - 2 noise)`` (``gain`` = best minus first score of a structure, ``s*`` the
        incumbent structure): a structure that beat the incumbent at a comparable stage gets
        dense tuning too, instead of being judged against a tuned incumbent.
+    4. **Patience**: once the refine target had ``3`` refinements per dense knob without a gain
+       beyond the noise, refine is off the table (reason recorded) until the target or its
+       best changes, unless every recent structure proposal failed. With no feasible trial
+       after start-up, MCTS (which learns which structures fail) explores instead of coverage.
 
     Every hook and ``reseed_rng`` is forwarded to the chosen sub-sampler; the arm is read back
     from the trial's attrs, so any worker can run any hook. Decisions are recorded as user
@@ -234,6 +238,10 @@ class AutoScoutSampler(BaseSampler):
         if started < self._n_startup:
             return STARTUP, f"start-up coverage {started + 1}/{self._n_startup}", {}
         if digest.incumbent() is None:
+            if space.structural:
+                # Coverage draws each param on its own, blind to what failed; MCTS avoids the
+                # prefixes and the structures its feasibility model learned to fail.
+                return EXPLORE, "no feasible trial yet: MCTS, steering away from failures", {}
             return STARTUP, "no feasible trial yet: keep covering the structure space", {}
         available = (
             (EXPLORE, bool(space.structural)),
@@ -248,6 +256,17 @@ class AutoScoutSampler(BaseSampler):
         if self._policy == "alternate":
             arm, reason = alternate(arms, started - self._n_startup)
             return arm, reason, {}
+        if REFINE in arms:
+            stale, patience = planning.refine_patience(
+                history, digest, space, estimator=self._reward
+            )
+            # Stop refining a structure tuned out, unless every recent structure proposal
+            # failed: then refining, even without gains, is the better use of a trial.
+            if stale >= patience and planning.exploring_succeeds(history):
+                arms.remove(REFINE)
+                if len(arms) == 1:
+                    return arms[0], (f"refine target gained nothing in {stale} refinements "
+                                     f"(patience {patience}): {arms[0]}"), {}
         pulls, pending, recent = planning.bandit_evidence(
             history, digest, reward=self._reward, estimate_weight=self._estimate_weight
         )

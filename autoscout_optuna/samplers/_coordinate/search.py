@@ -215,7 +215,11 @@ def coordinate_order(
         keys = np.log(1.0 - rng.random(d)) / weights  # weighted order without replacement
         order = [int(i) for i in np.argsort(-keys)]
     else:
-        order = [(last + 1 + k) % d for k in range(d)]
+        # Before any move, the cycle starts at a random coordinate: the order params are
+        # declared in (or named in) says nothing about which knob matters, and a fixed start
+        # would spend every study's first line searches on the same, possibly flat, knob.
+        first = last + 1 if last >= 0 else int(rng.integers(d))
+        order = [(first + k) % d for k in range(d)]
     if last < 0:
         return order
     return [last] + [i for i in order if i != last]
