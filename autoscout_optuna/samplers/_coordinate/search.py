@@ -17,8 +17,9 @@ The rule, per trial:
    but bounds another (memory fraction against batch size) then leaves the other knob room.
 2. **Coordinate**: the line being searched stays until resolved; then the next coordinate in
    cyclic order (default), uniformly at random, or weighted by the score change each produced.
-   The ``coordinate`` benchmark (10 seeds) has cyclic first or tied on 5 of 7 studies; the
-   differences between the rules are within seed-to-seed spread, so the simplest one stays.
+   In the ``coordinate`` benchmark (10 seeds) cyclic is first or tied on 3 of 7 studies
+   (sphere, ellipsoid, llm_training), sensitivity on 3, random on 1 (throughput); most gaps
+   are within seed-to-seed spread, so the simplest rule stays the default.
 3. **Line search** on the line through the center along that coordinate: probe one side (the
    direction of the estimated slope), then the other; once bracketed, jump to the vertex of the
    parabola through the center and its two neighbours. Steps double after a success or a tie
