@@ -60,14 +60,18 @@ class AutoScoutSampler(BaseSampler):
        PRUNED trials (step-0 estimates) count with weight ``estimate_weight``; RUNNING
        trials count as pulls at the arm's mean. Discounted Thompson sampling with a floor
        picks the arm (:mod:`~autoscout_optuna.samplers._autoscout.bandit`).
-    3. **Refine target**: the structure with the best potential ``best(s) + max(0, gain(s*)
-       - gain(s) - 2 noise)`` (``gain`` = best minus first score of a structure, ``s*`` the
-       incumbent structure): a structure that beat the incumbent at a comparable stage gets
-       dense tuning too, instead of being judged against a tuned incumbent.
-    4. **Patience**: once the refine target had ``3`` refinements per dense knob without a gain
-       beyond the noise, refine is off the table (reason recorded) until the target or its
-       best changes, unless every recent structure proposal failed. With no feasible trial
-       after start-up, MCTS (which learns which structures fail) explores instead of coverage.
+    3. **Refine target**: structures ranked by potential ``best(s) + max(0, gain(s*) - gain(s)
+       - 2 noise)`` (``gain`` = best minus first score of a structure, ``s*`` the incumbent
+       structure): a structure that beat the incumbent at a comparable stage gets dense tuning
+       too, instead of being judged against a tuned incumbent. The first of the top ``3`` (within
+       a reward scale of the incumbent) that has not used its patience is refined, so a close
+       runner-up is tuned before it is written off (attr ``autoscout:refine_target``: rank,
+       stale count, patience, potential).
+    4. **Patience**: a structure is tuned out after ``5`` refinements per dense knob without a
+       gain beyond the noise; once all the top structures are, refine is off the table (reason
+       recorded) until a target or its best changes, unless every recent structure proposal
+       failed. With no feasible trial after start-up, MCTS (which learns which structures
+       fail) explores instead of coverage.
 
     Every hook and ``reseed_rng`` is forwarded to the chosen sub-sampler; the arm is read back
     from the trial's attrs, so any worker can run any hook. Decisions are recorded as user
@@ -194,7 +198,8 @@ class AutoScoutSampler(BaseSampler):
         moves: list[tuple[str, Any]] = []
         if self._neighbour_arm and incumbent is not None and len(history) >= self._n_startup:
             moves = planning.untried_neighbours(history, space, incumbent)
-        arm, reason, extra = self._decide(history, digest, space, number, bool(moves))
+        choice = planning.refine_choice(history, digest, space, estimator=self._reward)
+        arm, reason, extra = self._decide(history, digest, space, number, bool(moves), choice)
         move = None
         if arm == NEIGHBOUR:
             # The best-ranked move, with a random one now and then so ranking errors heal.
@@ -212,8 +217,8 @@ class AutoScoutSampler(BaseSampler):
             set_user_attr(study, trial, STATS_KEY, extra)
         if incumbent is not None and arm != REFINE:
             set_user_attr(study, trial, DONOR_KEY, incumbent.number)
-        if arm == REFINE and incumbent is not None:
-            structure, why = planning.refine_target(digest, space, estimator=self._reward)
+        if arm == REFINE and choice is not None:
+            structure, why = planning.refine_target(choice, digest, space)
             set_system_attr(study, trial, _keys.STRUCTURE, structure)
             set_user_attr(study, trial, TARGET_KEY, why)
         if number == self._n_startup and history:
@@ -232,7 +237,7 @@ class AutoScoutSampler(BaseSampler):
 
     def _decide(
         self, history: Sequence[Any], digest: Any, space: planning.ObservedSpace,
-        number: int, has_neighbours: bool,
+        number: int, has_neighbours: bool, choice: planning.RefineChoice | None,
     ) -> tuple[str, str, dict[str, Any]]:
         started = len(history)
         if started < self._n_startup:
@@ -256,12 +261,11 @@ class AutoScoutSampler(BaseSampler):
         if self._policy == "alternate":
             arm, reason = alternate(arms, started - self._n_startup)
             return arm, reason, {}
-        if REFINE in arms:
-            stale, patience = planning.refine_patience(
-                history, digest, space, estimator=self._reward
-            )
-            # Stop refining a structure tuned out, unless every recent structure proposal
-            # failed: then refining, even without gains, is the better use of a trial.
+        if REFINE in arms and choice is not None:
+            stale, patience = choice.stale, choice.patience
+            # Stop refining once the top structures are tuned out, unless every recent
+            # structure proposal failed: then refining, even without gains, is the better use
+            # of a trial.
             if stale >= patience and planning.exploring_succeeds(history):
                 arms.remove(REFINE)
                 if len(arms) == 1:
