@@ -146,7 +146,10 @@ class _UnseenPaths:
         self._known = known
         self._n_values, self._order, self._inactive_under = n_values, order, inactive_under
         self._left = max_nodes
-        self._answers: dict[frozenset, bool] = {}  # a node's rows follow from its decisions
+        # a node's rows follow from its decisions, which both searches make in ``order``, so
+        # the decisions as a tuple name the node, and the next column is looked for after them
+        self._answers: dict[tuple, bool] = {}
+        self._position = {column: i for i, column in enumerate(order)}
         # Leaves are most of the walk, so their duplicate test (:func:`_is_duplicate` on the
         # rows that reached them) works on each row's set of present columns as a bit mask.
         present = known != ABSENT
@@ -158,13 +161,14 @@ class _UnseenPaths:
     def below(self, decided: dict[int, int], reached: np.ndarray) -> bool:
         if reached.size == 0:
             return True  # no row took this prefix: any completion is new
-        key = frozenset(decided.items())
+        key = tuple(decided.items())
         if key not in self._answers:
             self._answers[key] = self._walk(decided, reached)
         return self._answers[key]
 
     def _walk(self, decided: dict[int, int], reached: np.ndarray) -> bool:
-        column = next((c for c in self._order if c not in decided
+        start = max((self._position[c] + 1 for c in decided), default=0)
+        column = next((c for c in self._order[start:] if c not in decided
                        and not _inactive(c, decided, self._inactive_under)), None)
         if column is None:
             # rows here agree with every decision (or lack the column): a finished row is
