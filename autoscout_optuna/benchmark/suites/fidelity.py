@@ -47,8 +47,8 @@ NOISE_LEVELS = (0.0, 0.2, 0.5, 0.8)
 # on the seeds where it gets there at all (it plateaus at 0.95-0.98 on the others, up to 800
 # real runs measured), so more real runs would only lengthen the suite.
 REAL_RUN_BUDGET = 200
-MAX_TRIALS = 600  # simulated trials are cheap, but not free: ~30 ms each with the ensemble
-N_SEEDS = 10
+MAX_TRIALS = 400  # simulated trials are cheap, not free: 30-160 ms each (sampler + ensemble)
+N_SEEDS = 8
 BIAS_PER_VALUE = 0.25  # largest log-factor one structural knob value adds to the biased simulator
 SAMPLER = "autoscout"
 LABELS = ["llm_training", "llm_serving"]
