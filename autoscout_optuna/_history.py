@@ -108,8 +108,10 @@ def decision_number(study: optuna.Study, trial: FrozenTrial) -> int:
     would shift every later decision; skipping it makes the resumed study propose exactly what
     the uninterrupted one would have.
     """
+    # an orphan is marked while RUNNING and failed next: no other state can hold one
+    candidates = get_trials(study, states=(TrialState.FAIL, TrialState.RUNNING))
     orphans = sum(
-        1 for t in get_trials(study) if t.number < trial.number and t.system_attrs.get(ORPHANED)
+        1 for t in candidates if t.number < trial.number and t.system_attrs.get(ORPHANED)
     )
     return trial.number - orphans
 

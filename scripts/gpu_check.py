@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import functools
 import importlib.util
 import os
 import platform
@@ -80,9 +81,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     trial_timeout = args.time_budget + (15.0 if args.dry_run else 150.0)
-    definition = package.studies.load(
-        "gpt_training", device=args.device, time_budget=args.time_budget,
-        timeout=trial_timeout, log_dir=args.log_dir)
+    # a trial needs its budget plus start-up and evaluation; below this, no trial is started
+    min_trial_s = args.time_budget + (5.0 if args.dry_run else 30.0)
+
+    def load(timeout: float):
+        return package.studies.load(
+            "gpt_training", device=args.device, time_budget=args.time_budget,
+            timeout=timeout, log_dir=args.log_dir)
+
+    definition = load(trial_timeout)
     try:
         sampler = package.AutoScoutSampler(seed=args.seed)
     except Exception as error:  # noqa: BLE001 - the check must still produce its table
@@ -90,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler = optuna.samplers.TPESampler(seed=args.seed)
     study = optuna.create_study(direction=definition.direction, sampler=sampler)
 
-    def objective(trial: optuna.Trial) -> float:
+    def objective(trial: optuna.Trial, definition=definition) -> float:
         config = definition.suggest(trial)
         trial.set_user_attr("gpu_check:config", {k: config.get(k) for k in KNOBS})
         try:  # the simulator's view, kept next to the measurement to judge its error
@@ -101,8 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         return definition.measure_trial(trial, config)
 
     study.enqueue_trial(_default_params(definition))
-    while time.monotonic() + trial_timeout + 5.0 < deadline:
-        study.optimize(objective, n_trials=1, catch=(Infeasible,))
+    # Trials run back to back until the cap. The last ones get a timeout cut to the time left
+    # (first seen on an H200: two of five trials were max-autotune compiles killed at the full
+    # timeout, and waiting for a whole timeout's worth of time left wasted half the check).
+    while (left := deadline - time.monotonic() - 5.0) >= min_trial_s:
+        timeout = min(trial_timeout, left)
+        trial_definition = definition if timeout == trial_timeout else load(timeout)
+        study.optimize(functools.partial(objective, definition=trial_definition), n_trials=1,
+                       catch=(Infeasible,))
         write_results(study, out, definition, args, torch)
         print(_line(study.trials[-1]), flush=True)
     write_results(study, out, definition, args, torch)

@@ -41,7 +41,12 @@ DEVICE_BATCHES = {"cpu": [1, 2, 4, 8, 16], "gpu": [1, 2, 4, 8, 16, 32, 64, 128]}
 # Share of peak FLOP/s a healthy run reaches (the device-efficiency prior). It assumes half
 # precision is never slower than fp32, as on any GPU: a CPU that emulates fp16 is then
 # "alive but stupid", and the runner's too_slow guard stops it.
-EFFICIENCY = {"cpu": 0.2, "gpu_compiled": 0.4, "gpu_eager": 0.25}
+# GPU figures as measured on one H200 (2026-11-30, benchmarks/gpu/): eager bf16 at batch 32 x
+# 2048 ran at 32.4% MFU; default-mode compile with fp32 + TF32 at batch 4 x 2048 at 16.3%.
+EFFICIENCY = {"cpu": 0.2, "gpu_compiled": 0.25, "gpu_eager": 0.32}
+# Seconds the first step spends compiling. On the H200: default mode 33 s; max-autotune was
+# still autotuning GEMMs when killed at 170 s and 180 s, so its figure is a lower bound's guess.
+COMPILE_S = {"off": 0.5, "default": 35.0, "max-autotune-no-cudagraphs": 300.0}
 ATTENTION_NEEDS_HALF = ("flash", "cudnn")
 
 
@@ -120,11 +125,17 @@ def suggest_config(trial: Any, *, info: Mapping[str, Any], size: Mapping[str, in
 
 
 def simulate_run(config: Mapping[str, Any], *, info: Mapping[str, Any],
-                 peak_flops: float) -> dict[str, float]:
+                 peak_flops: float, start_up_limit_s: float | None = None) -> dict[str, float]:
     """Analytic tokens/s, memory and val_bpb of ``config``; raises ``Infeasible`` on OOM.
 
     ``peak_flops`` is the device's peak in the run's dtype (fp32 on a CPU: see EFFICIENCY).
+    ``start_up_limit_s``: seconds a run may spend before training (its timeout less the
+    budget); a compile predicted to take longer is infeasible as ``timeout``.
     """
+    compile_s = COMPILE_S.get(config.get("compile", "off"), 0.0)
+    if start_up_limit_s is not None and compile_s > start_up_limit_s:
+        raise Infeasible("timeout", f"compile {config['compile']!r} predicted to take "
+                                    f"~{compile_s:g} s, over the {start_up_limit_s:g} s allowed")
     from autoscout_optuna.runners._mfu import flops_per_token
 
     n_layer, d, seq = config["n_layer"], config["n_embd"], config["seq_len"]
@@ -162,7 +173,8 @@ def simulate_run(config: Mapping[str, Any], *, info: Mapping[str, Any],
     remaining = min(1.0, remaining + (1.0 - remaining) * math.exp(-steps / 6.0))
     bpb = (floor + (8.0 - floor) * remaining
            + 0.3 * math.log(config["lr_mult"]) ** 2 + 0.5 * config["warmup_frac"] ** 2)
-    return {"tokens_per_s": tokens_per_s, "memory_bytes": float(memory), "val_bpb": bpb}
+    return {"tokens_per_s": tokens_per_s, "memory_bytes": float(memory), "val_bpb": bpb,
+            "first_step_s": compile_s}
 
 
 def trainer_command(python: str = sys.executable, data: str | None = None) -> list[str]:
@@ -248,7 +260,9 @@ def definition(*, device: str = "auto", time_budget: float | None = None,
 
     def simulate_all(config: Mapping[str, Any]) -> dict[str, float]:
         dtype = "tf32" if config.get("tf32") else config["dtype"]
-        return simulate_run(config, info=info, peak_flops=peak(dtype))
+        # evaluation and process start-up need some of the slack too: a quarter of it
+        return simulate_run(config, info=info, peak_flops=peak(dtype),
+                            start_up_limit_s=0.75 * (run_timeout - budget))
 
     def expected_tokens_per_s(config: Mapping[str, Any]) -> float | None:
         try:

@@ -281,3 +281,18 @@ def test_rerunning_one_contender_merges_into_the_stored_results(tmp_path):
     pd.testing.assert_frame_equal(
         before.drop(columns="sampler_ms"), after.drop(columns="sampler_ms"))
     assert benchmark.main(argv + ["--contender", "nobody"]) == 2
+
+
+def test_a_suite_name_selects_that_suite_and_a_module_name_all_of_its_suites():
+    from autoscout_optuna.benchmark import suites as registry
+
+    # `autoscout` is both a module and one of its suites: the name means the suite alone, so
+    # re-running it does not also start the 5,000-trial overhead suite of the same module
+    assert [s.name for s in registry.find(["autoscout"], quick=True)] == ["autoscout"]
+    assert [s.name for s in registry.find(["autoscout-overhead"], quick=True)] == [
+        "autoscout-overhead"]
+    module_only = [m for m in registry.module_names()
+                   if len(registry.module_suites(m, quick=True)) > 1
+                   and m not in {s.name for s in registry.module_suites(m, quick=True)}]
+    for module in module_only:
+        assert len(registry.find([module], quick=True)) > 1

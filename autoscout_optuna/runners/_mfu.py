@@ -1,9 +1,10 @@
 """Model FLOPs utilization with the right denominator.
 
-MFU is achieved model FLOP/s over the device's peak dense FLOP/s *in the dtype the matmuls ran
-in*. A wrong denominator (a sparse figure, another GPU's, fp16-accumulate rates on GeForce cards)
-is how MFU gets misread, so the peak is picked from a table by the device name and the table
-says which figure it uses; unknown GPUs and CPUs get a measured peak from a short matmul probe,
+MFU is achieved model FLOP/s over a peak dense FLOP/s: the trainer takes the device's best
+(bf16 on a GPU), so a run in a slower dtype shows its waste as a low MFU. A wrong denominator
+(a sparse figure, another GPU's, fp16-accumulate rates on GeForce cards) is how MFU gets
+misread, so the peak is picked from a table by the device name and the table says which figure
+it uses; unknown GPUs and CPUs get a measured peak from a short matmul probe,
 labeled ``"measured"``.
 
 The arithmetic (``flops_per_token``, ``mfu``) is pure and imports nothing heavy; only

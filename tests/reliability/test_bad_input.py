@@ -121,6 +121,7 @@ BAD_ARGUMENTS = {
         "min_step": [0, 0.5, NAN, "a"],
         "confidence": [-1, NAN, "a"],
         "restart_radius": [0, 11, NAN, "a"],
+        "headroom": ["no", None],
         "max_structural_levels": [-1, 1.5, "2", None],
     },
     "FidelityPruner": {

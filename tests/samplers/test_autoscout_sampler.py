@@ -8,8 +8,10 @@ from optuna.testing.pytest_samplers import BasicSamplerTestCase, SingleOnlySampl
 from optuna.trial import TrialState
 
 from autoscout_optuna import AutoScoutSampler, _keys
+from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._rng import trial_rng
 from autoscout_optuna._space import from_unit
+from autoscout_optuna.samplers._autoscout import plan as planning
 from autoscout_optuna.samplers._autoscout.transplant import TransplantSampler
 
 
@@ -294,3 +296,59 @@ def test_benchmark_suites_compare_ablations_and_measure_overhead():
             suite_module.overhead_suggest(t)), n_trials=1, catch=(Exception,))
         knobs |= set(study.trials[0].params)
     assert len(knobs) == 15
+
+
+def test_refining_stops_on_structures_that_no_longer_improve():
+    # The dense knob does nothing: the top structures each get their patience, then refining
+    # stops while exploration still finds feasible structures.
+    def objective(trial):
+        layout = trial.suggest_categorical("layout", ["a", "b", "c", "d"])
+        width = trial.suggest_categorical("width", [1, 2, 3, 4, 5, 6])
+        trial.suggest_float("x", 0.0, 1.0)
+        return {"a": 0.0, "b": 1.0, "c": 2.0, "d": 3.0}[layout] + 0.1 * width
+
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(seed=0))
+    study.optimize(objective, n_trials=60)
+    reasons = [t.user_attrs[_keys.REASON] for t in study.trials]
+    assert any("gained nothing" in r for r in reasons)
+    arms = [t.user_attrs[_keys.ARM] for t in study.trials]
+    patience = planning.PATIENCE_PER_KNOB  # one dense knob
+    assert arms.count("refine") <= planning.TOP_STRUCTURES * patience + 1
+    refined = {(t.params["layout"], t.params["width"])
+               for t in study.trials if t.user_attrs[_keys.ARM] == "refine"}
+    # Only structures close to the best ("d" with a wide width) were worth tuning.
+    assert {layout for layout, _ in refined} == {"d"}
+
+
+def test_refining_goes_on_while_it_pays():
+    def objective(trial):
+        layout = trial.suggest_categorical("layout", ["a", "b"])
+        x = trial.suggest_float("x", -10.0, 10.0)
+        y = trial.suggest_float("y", -10.0, 10.0)
+        return (x - 7.3) ** 2 + (y + 4.1) ** 2 + (layout == "a")
+
+    study = optuna.create_study(sampler=AutoScoutSampler(seed=0))
+    study.optimize(objective, n_trials=40)
+    reasons = [t.user_attrs[_keys.REASON] for t in study.trials]
+    assert not any("gained nothing" in r for r in reasons)
+    assert study.best_value < 0.5
+
+
+def test_a_layout_found_invalid_before_the_dense_knobs_is_not_proposed_again():
+    def objective(trial):
+        layout = trial.suggest_categorical("layout", ["a", "b", "c"])
+        width = trial.suggest_categorical("width", [1, 2, 3, 4])
+        if layout == "c" and width == 4:  # the best layout, invalid at the widest width
+            raise Infeasible("invalid_layout", "c does not split over 4")
+        x = trial.suggest_float("x", 0.0, 1.0)
+        return {"a": 0.0, "b": 1.0, "c": 2.0}[layout] + 0.5 * width - (x - 0.3) ** 2
+
+    for seed in range(3):
+        study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(seed=seed))
+        study.optimize(objective, n_trials=40, catch=(Infeasible,))
+        invalid = [t for t in study.trials
+                   if t.params.get("layout") == "c" and t.params.get("width") == 4]
+        assert invalid, "the invalid layout is never tried: the test shows nothing"
+        # Start-up coverage is blind to failures; every arm after it avoids the failed prefix.
+        assert all(t.user_attrs[_keys.ARM] == "startup" for t in invalid[1:])
+        assert study.best_params["layout"] == "c"

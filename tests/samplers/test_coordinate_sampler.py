@@ -40,6 +40,7 @@ def dense_objective(trial: optuna.Trial) -> float:
         ({"min_step": 0.5}, "min_step"),
         ({"confidence": -1.0}, "confidence"),
         ({"restart_radius": 0.0}, "restart_radius"),
+        ({"headroom": "yes"}, "headroom"),
         ({"max_structural_levels": -1}, "max_structural_levels"),
         ({"fallback": "random"}, "fallback"),
     ],
@@ -289,3 +290,33 @@ def test_benchmark_functions_reach_their_optimum_and_pickle() -> None:
     noisy = throughput.measure({"micro_batch": 60, "mem_fraction": 0.9, "bucket_mb": 200.0,
                                 "loader_workers": 16}, np.random.default_rng(0))
     assert 0 < noisy < throughput.optimum * 1.05
+
+
+def valley_objective(trial: optuna.Trial) -> float:
+    """A narrow diagonal valley: only pattern and model moves travel along it."""
+    x = trial.suggest_float("x", 0.0, 1.0)
+    y = trial.suggest_float("y", 0.0, 1.0)
+    along, across = (x + y) / 2, (x - y) / 2
+    return -(along - 5000.0 * across**2)
+
+
+def _run_valley(storage: str | None, n_trials: int) -> list[optuna.trial.FrozenTrial]:
+    study = optuna.create_study(storage=storage, study_name="valley", load_if_exists=True,
+                                sampler=CoordinateDescentSampler(seed=5))
+    study.optimize(valley_objective, n_trials=n_trials)
+    return study.trials
+
+
+def test_pattern_and_model_moves_are_recorded_and_resume_reproduces_them(tmp_path) -> None:
+    uninterrupted = _run_valley(None, 40)
+    url = f"sqlite:///{tmp_path / 'valley.db'}"
+    _run_valley(url, 15)
+    resumed = _run_valley(url, 25)  # a fresh sampler: pattern lines and fits from storage
+    assert [t.params for t in resumed] == [t.params for t in uninterrupted]
+    later = {t.user_attrs["cd:phase"] for t in resumed[15:]}
+    assert later & {"pattern", "model"}
+    for trial in resumed:
+        if trial.user_attrs["cd:phase"] in ("pattern", "model"):
+            assert trial.user_attrs["cd:coordinate"] is None  # off the axes
+            assert trial.user_attrs["cd:step"] > 0  # t along the travel / trust radius
+            assert isinstance(trial.user_attrs["cd:center"], int)

@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 
 from autoscout_optuna.samplers._coordinate import search
+from autoscout_optuna.samplers._coordinate.model import model_proposal
+from autoscout_optuna.samplers._coordinate.pattern import pattern_proposal
 from autoscout_optuna.samplers._coordinate.search import (
     ESTIMATE,
     FAILED,
+    PATTERN,
     PENDING,
     REAL,
     Evidence,
@@ -30,17 +33,21 @@ class Rows:
         self.moved: list[int] = []
         self.centers: list[int] = []
         self.restarts: list[bool] = []
+        self.steps: list[float] = []
 
-    def add(self, point, score=np.nan, kind=REAL, moved=-1, center=-1, restart=False) -> None:
+    def add(self, point, score=np.nan, kind=REAL, moved=-1, center=-1, restart=False,
+            step=0.0) -> None:
         self.points.append(np.asarray(point, dtype=float))
         self.scores.append(float(score))
         self.kinds.append(kind)
         self.moved.append(moved)
         self.centers.append(center)
         self.restarts.append(restart)
+        self.steps.append(float(step))
 
     def add_move(self, move: search.Move, score: float, kind: int = REAL) -> None:
-        self.add(move.point, score, kind, move.coordinate, move.center, move.phase == "restart")
+        self.add(move.point, score, kind, move.coordinate, move.center, move.phase == "restart",
+                 move.step)
 
     def evidence(self) -> Evidence:
         return Evidence(
@@ -50,6 +57,7 @@ class Rows:
             moved=np.array(self.moved, dtype=int),
             centers=np.array(self.centers, dtype=int),
             restarts=np.array(self.restarts, dtype=bool),
+            steps=np.array(self.steps, dtype=float),
         )
 
 
@@ -220,9 +228,15 @@ def test_resolved_center_restarts_with_growing_radius() -> None:
     first = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
     assert first.phase == "restart"
     rows.add_move(first, 0.0)
-    second = plan_move(rows.evidence(), Settings(), np.random.default_rng(1))
-    assert second.phase == "restart"
-    assert second.step == pytest.approx(2 * first.step)
+    restarts = [first]
+    for number in range(1, 6):  # model moves (fitted on the points around) come in between
+        move = plan_move(rows.evidence(), Settings(), np.random.default_rng(number))
+        assert move.phase in ("restart", "model")
+        rows.add_move(move, 0.0)
+        restarts += [move] if move.phase == "restart" else []
+    assert len(restarts) >= 3
+    assert [m.step for m in restarts[:3]] == pytest.approx([first.step, 2 * first.step,
+                                                            4 * first.step])
 
 
 def test_integer_snap_moves_at_least_one_grid_step() -> None:
@@ -236,3 +250,160 @@ def test_integer_snap_moves_at_least_one_grid_step() -> None:
     values = np.array(rows.points)[:, 0] / grid
     np.testing.assert_allclose(values, np.round(values), atol=1e-9)
     assert np.nanmax(rows.scores) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_cyclic_order_starts_at_a_random_coordinate_before_any_move():
+    rows = Rows(4)
+    rows.add([0.5, 0.5, 0.5, 0.5], 1.0)
+    orders = [search.coordinate_order(rows.evidence(), Settings(), np.random.default_rng(seed), 0)
+              for seed in range(20)]
+    assert len({order[0] for order in orders}) > 1  # declaration order does not decide
+    for order in orders:  # still a cycle
+        assert order == [(order[0] + k) % 4 for k in range(4)]
+
+
+# ---- pattern, model and wall moves -------------------------------------------------------
+
+
+def _travelled_rows() -> Rows:
+    """A center reached by moving x, then y: it travelled (+0.1, +0.1) in two moves."""
+    rows = Rows(2)
+    rows.add([0.5, 0.5], 1.0)
+    rows.add([0.6, 0.5], 2.0, moved=0, center=0)
+    rows.add([0.6, 0.6], 3.0, moved=1, center=1)
+    return rows
+
+
+def test_pattern_move_direction_equals_the_accumulated_displacement() -> None:
+    rows = _travelled_rows()
+    t, point = pattern_proposal(rows.evidence(), 2, 3.0, lambda i, u: u, depth=2)
+    assert t == pytest.approx(1.0)
+    np.testing.assert_allclose(point - [0.6, 0.6], [0.1, 0.1])  # the center + its travel
+    # A single-coordinate travel is that coordinate's own line: no pattern line.
+    assert pattern_proposal(rows.evidence(), 2, 3.0, lambda i, u: u, depth=1) is None
+
+
+def test_pattern_line_bisects_towards_a_failed_pattern_point_and_never_past_it() -> None:
+    rows = _travelled_rows()
+    rows.add([0.7, 0.7], np.nan, kind=FAILED, moved=PATTERN, center=2, step=1.0)
+    t, point = pattern_proposal(rows.evidence(), 2, 3.0, lambda i, u: u, depth=2)
+    assert t == pytest.approx(0.5)
+    np.testing.assert_allclose(point, [0.65, 0.65])
+
+
+def test_pattern_moves_follow_a_diagonal_valley() -> None:
+    # Score rises along the diagonal only: every single coordinate is resolved at once.
+    def objective(u):
+        along, across = (u[0] + u[1]) / 2, (u[0] - u[1]) / 2
+        return float(along - 500.0 * across**2)
+
+    rows, moves = run(objective, 2, 30)
+    phases = {m.phase for m in moves}
+    assert "pattern" in phases or "model" in phases
+    assert np.nanmax(rows.scores) > 0.95  # the far corner (1, 1) scores 1
+
+
+def test_model_move_finds_the_optimum_of_a_coupled_quadratic() -> None:
+    # A rotated quadratic: the best point moves both knobs, which no coordinate line sees.
+    target = np.array([0.62, 0.58])
+    hessian = np.array([[2.0, 1.8], [1.8, 2.0]])
+
+    def f(u):
+        delta = np.asarray(u) - target
+        return float(-delta @ hessian @ delta)
+
+    rows = Rows(2)
+    center = np.array([0.5, 0.5])
+    rows.add(center, f(center))
+    rng = np.random.default_rng(0)
+    for k in range(12):
+        point = center + rng.uniform(-0.15, 0.15, size=2)
+        rows.add(point, f(point), moved=k % 2, center=0)
+    radius, point = model_proposal(rows.evidence(), 0, lambda i, u: u,
+                                   np.random.default_rng(1), margin=0.0)
+    assert radius > 0
+    assert f(point) > max(rows.scores)  # better than everything measured so far
+    assert np.max(np.abs(point - target)) < 0.05
+
+
+def test_line_bisects_between_the_center_and_the_wall() -> None:
+    rows = Rows(1)
+    rows.add([0.5], 1.0)
+    rows.add([0.5], 1.0)
+    rows.add([0.75], np.nan, kind=FAILED, moved=0, center=0)
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert move.phase == "probe"
+    assert move.point[0] == pytest.approx(0.625)  # half way to the wall
+    rows.add_move(move, 1.5)
+    rows.add([0.625], 1.5)  # confirmed: the new center
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(1))
+    assert 0.625 < move.point[0] < 0.75  # towards the wall again, never at or past it
+
+
+def _noisy_center_rows() -> Rows:
+    """A center measured three times (noise sigma ~0.1) at 0.5 on a 1-D line."""
+    rows = Rows(1)
+    for score in (1.0, 1.1, 0.9):
+        rows.add([0.5], score)
+    return rows
+
+
+def test_flat_line_within_the_noise_is_probed_further_out() -> None:
+    rows = _noisy_center_rows()
+    rows.add([0.45], 0.98, moved=0, center=0)  # both neighbours tie with the center
+    rows.add([0.55], 0.97, moved=0, center=0)
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert move.phase == "probe"
+    assert abs(move.point[0] - 0.5) == pytest.approx(0.1)  # twice the farthest tie's distance
+
+
+def test_flat_line_is_not_probed_further_towards_a_wall() -> None:
+    rows = _noisy_center_rows()
+    rows.add([0.45], 0.98, moved=0, center=0)
+    rows.add([0.55], 0.97, moved=0, center=0)
+    rows.add([0.6], np.nan, kind=FAILED, moved=0, center=0)
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert move.phase == "probe"
+    assert move.point[0] == pytest.approx(0.4)  # only the side without a wall
+
+
+def test_noisy_center_measured_once_is_remeasured_when_it_stalls() -> None:
+    rows = Rows(1)
+    for score in (1.0, 1.2, 1.1):  # repeats: the noise is known
+        rows.add([0.2], score)
+    rows.add([0.5], 2.0, moved=0, center=0)  # a lucky single measurement: now the center
+    for u in (0.55, 0.45, 0.6):
+        rows.add([u], 1.8, moved=0, center=3)
+    assert plan_move(rows.evidence(), Settings(), np.random.default_rng(0)).phase != "confirm"
+    rows.add([0.4], 1.8, moved=0, center=3)  # 2d + 2 = 4 moves from it, none better
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert move.phase == "confirm"
+    assert move.point[0] == pytest.approx(0.5)
+
+
+def _next_to_a_wall(tie_score: float) -> Rows:
+    """Center (0.3, 0.5) measured three times, a failure below it along x, one point above."""
+    rows = Rows(2)
+    for score in (1.0, 1.1, 0.9):
+        rows.add([0.3, 0.5], score)
+    rows.add([0.2, 0.5], np.nan, kind=FAILED, moved=0, center=0)
+    rows.add([0.6, 0.5], tie_score, moved=0, center=0)
+    return rows
+
+
+def test_center_moves_away_from_a_wall_to_a_point_tied_with_it() -> None:
+    # x does not change the score but bounds another knob (memory fraction against batch):
+    # the tied point farther from the failure is the better place to search from.
+    move = plan_move(_next_to_a_wall(0.97).evidence(), Settings(), np.random.default_rng(0))
+    assert move.center == 4
+
+
+def test_center_stays_when_the_point_away_from_the_wall_is_clearly_worse() -> None:
+    move = plan_move(_next_to_a_wall(0.5).evidence(), Settings(), np.random.default_rng(0))
+    assert move.center == 0
+
+
+def test_headroom_off_keeps_the_center_of_the_lower_confidence_bound() -> None:
+    move = plan_move(_next_to_a_wall(0.97).evidence(), Settings(headroom=False),
+                     np.random.default_rng(0))
+    assert move.center == 0

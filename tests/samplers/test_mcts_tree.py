@@ -134,3 +134,26 @@ def test_max_backup_values_a_child_by_its_best_result_too():
     best = child_scores(codes, 0, 2, rewards, np.ones(4), np.arange(4), max_backup=0.5, **kwargs)
     assert mean.value[0] > mean.value[1]
     assert best.value[1] > best.value[0]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_unseen_path_check_agrees_with_enumerating_every_path(seed):
+    # The fast walk (bit masks at the leaves, memoized nodes) must give the same answer as
+    # testing every complete path with `_is_duplicate`, also with absent and partial rows.
+    import itertools
+
+    from autoscout_optuna.samplers._mcts.descent import Step, _is_duplicate, _UnseenPaths
+
+    rng = np.random.default_rng(seed)
+    n_values = [int(v) for v in rng.integers(2, 4, size=3)]
+    n_rows = int(rng.integers(1, 40))
+    codes = np.stack([rng.integers(0, n, size=n_rows) for n in n_values], axis=1)
+    codes[rng.random(codes.shape) < 0.1] = ABSENT
+    partial = rng.random(n_rows) < 0.3
+    order = list(rng.permutation(3))
+    expected = any(
+        not _is_duplicate(codes, [Step(c, v, 0, 0, 0) for c, v in enumerate(path)], partial)
+        for path in itertools.product(*(range(n) for n in n_values))
+    )
+    unseen = _UnseenPaths(codes, partial, n_values, order, {})
+    assert unseen.below({}, np.arange(n_rows)) == expected

@@ -88,6 +88,26 @@ def test_simulator_predicts_oom_on_a_small_gpu():
                      info=info, peak_flops=67e12)
 
 
+def test_simulator_predicts_a_compile_longer_than_the_timeout_allows():
+    # on an H200, max-autotune compilation outlasted a 150 s slack (benchmarks/gpu/)
+    from autoscout_optuna.studies.gpt_training import SIZES, simulate_run
+
+    info = {"kind": "gpu", "memory_bytes": 140 * 2**30}
+    config = dict(SIZES["gpu"], time_budget=30.0, total_batch=2**17, total_batch_log2=17,
+                  device_batch=32, device_batch_effective=32, dtype="bf16", tf32=False,
+                  compile="max-autotune-no-cudagraphs", attention="flash", lr_mult=1.0,
+                  warmup_frac=0.05)
+    with pytest.raises(Infeasible) as error:
+        simulate_run(config, info=info, peak_flops=989e12, start_up_limit_s=112.5)
+    assert error.value.reason == "timeout"
+    # the same compile fits a longer slack, and eager mode fits the short one
+    assert simulate_run(config, info=info, peak_flops=989e12,
+                        start_up_limit_s=450.0)["first_step_s"] > 112.5
+    eager = simulate_run(dict(config, compile="off"), info=info, peak_flops=989e12,
+                         start_up_limit_s=112.5)
+    assert eager["first_step_s"] < 112.5
+
+
 def test_options_are_validated():
     with pytest.raises(ValueError, match="size"):
         studies.load("gpt_training", device="cpu", size="huge")

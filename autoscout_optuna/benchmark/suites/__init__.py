@@ -35,7 +35,8 @@ def all_suites(*, quick: bool = False) -> list[Suite]:
 
 
 def find(names: Sequence[str], *, quick: bool = False) -> list[Suite]:
-    """Suites by suite name or by module name (a module name selects all of its suites).
+    """Suites by suite name or by module name (a module name selects all of its suites, unless
+    a suite has that name too: ``autoscout`` is the suite, not also ``autoscout-overhead``).
 
     Raises:
         ValueError: a name that matches no suite and no module.
@@ -44,8 +45,10 @@ def find(names: Sequence[str], *, quick: bool = False) -> list[Suite]:
     everything: list[Suite] | None = None
     chosen: list[Suite] = []
     for name in names:
-        if name in modules:
-            chosen.extend(module_suites(name, quick=quick))
+        suites_of_module = module_suites(name, quick=quick) if name in modules else []
+        exact = [suite for suite in suites_of_module if suite.name == name]
+        if suites_of_module:
+            chosen.extend(exact or suites_of_module)
             continue
         if everything is None:
             everything = all_suites(quick=quick)

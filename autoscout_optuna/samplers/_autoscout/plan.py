@@ -15,13 +15,24 @@ from optuna.distributions import BaseDistribution
 
 from autoscout_optuna._space import discrete_values, is_structural
 from autoscout_optuna.samplers._autoscout.bandit import Pull
-from autoscout_optuna.samplers._autoscout.did import potential_from, reward_of, score_scale
+from autoscout_optuna.samplers._autoscout.did import (
+    IMPROVEMENT_SCALE,
+    potential_from,
+    reward_of,
+    score_scale,
+)
 from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
 from autoscout_optuna.samplers._autoscout.startup import infer_conditions, least_covered
 
 ARMED = ("explore", "neighbour", "refine")
+# Refinement trials per dense knob a structure gets without a gain before it counts as tuned
+# out. Three (a probe either way along every coordinate, then one step) wrote structures off
+# too early: on llm_serving (4 dense knobs, noisy) gains kept coming after 12 flat trials.
+PATIENCE_PER_KNOB = 5
 WINDOW = 200
 RECENT = 20
+# Structures by potential that get refinement trials in turn before the refine arm rests.
+TOP_STRUCTURES = 3
 
 
 @dataclass(frozen=True)
@@ -174,19 +185,97 @@ def bandit_evidence(
     return pulls, pending, recent
 
 
-def refine_target(
-    digest: StudyDigest, space: ObservedSpace, *, estimator: str
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The structure the refine arm works on, and why (see ``did.structure_potential``)."""
+@dataclass(frozen=True)
+class RefineChoice:
+    """The structure the refine arm works on, how far it is tuned out, and why it was chosen.
+
+    Attributes:
+        key: Structure key (see :class:`~autoscout_optuna.samplers._autoscout.reader.Seen`).
+        stale: Its refinement trials since the last one that gained more than the noise.
+        patience: The refinements without gain it gets (``PATIENCE_PER_KNOB`` per dense knob).
+        rank: Its place among the structures ranked by potential (0: the best potential).
+        potential: Potential per structure key (``did.structure_potential``).
+    """
+
+    key: Any
+    stale: int
+    patience: int
+    rank: int
+    potential: dict[Any, float]
+
+
+def refine_choice(
+    history: Sequence[Seen], digest: StudyDigest, space: ObservedSpace, *, estimator: str
+) -> RefineChoice | None:
+    """Successive refinement of the ``TOP_STRUCTURES`` structures with the best potential.
+
+    Structures are compared at untuned dense values when they are first met, so the best
+    structure can look worse than an incumbent that had many refinements. The structure with
+    the best potential is refined until it used its patience without a gain; then the next one
+    by potential gets its share, and so on down the top ``TOP_STRUCTURES``: a structure close
+    to the incumbent is tuned before it is written off. A gain resets a structure's count, and
+    a structure that overtakes the incumbent becomes the first in line. When all of them are
+    tuned out, the first is returned with ``stale >= patience`` (the refine arm rests).
+    None before any trial had a value.
+    """
+    if digest.ledger.incumbent is None:
+        return None
     potential = potential_from(digest.ledger, estimator=estimator, noise=digest.noise())
     top_key = digest.ledger.incumbent
-    key = max(potential, key=lambda k: (potential[k], k == top_key))
+    ranked = sorted(potential, key=lambda k: (potential[k], k == top_key), reverse=True)
+    stale_counts = _stale_counts(history, estimator, digest.noise())
+    # Only structures within a reward scale of the incumbent are worth its tuning budget.
+    close = potential[top_key] - IMPROVEMENT_SCALE * score_scale(digest.scores)
+    choices = []
+    for rank, key in enumerate(ranked[:TOP_STRUCTURES]):
+        if choices and potential[key] < close:
+            break
+        n_dense = sum(1 for n in digest.examples[key].params if n in space.dense)
+        patience = max(2, PATIENCE_PER_KNOB * n_dense)
+        choice = RefineChoice(key, stale_counts.get(key, 0), patience, rank, potential)
+        if choice.stale < choice.patience:
+            return choice
+        choices.append(choice)
+    return choices[0]
+
+
+def _stale_counts(history: Sequence[Seen], estimator: str, noise: float) -> dict[Any, int]:
+    """Per structure: refinement trials (failed and running ones included) since the last one
+    that beat the structure's best by more than the measurement noise."""
+    stale: dict[Any, int] = {}
+    gained: set[Any] = set()
+    for obs in reversed(history):
+        if obs.arm != "refine" or obs.structure in gained:
+            continue
+        gain = obs.gains.get(estimator)
+        if obs.kind != "pending" and gain is not None and gain > noise:
+            gained.add(obs.structure)
+            continue
+        stale[obs.structure] = stale.get(obs.structure, 0) + 1
+    return stale
+
+
+def refine_target(
+    choice: RefineChoice, digest: StudyDigest, space: ObservedSpace
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The structure of ``choice`` as params, and why it was chosen (a user attr)."""
+    top_key = digest.ledger.incumbent
     why = {
-        "incumbent_structure": key == top_key,
-        "potential": round(potential[key], 6),
-        "incumbent_best": round(potential.get(top_key, float("nan")), 6),
+        "incumbent_structure": choice.key == top_key,
+        "rank": choice.rank,
+        "stale": choice.stale,
+        "patience": choice.patience,
+        "potential": round(choice.potential[choice.key], 6),
+        "incumbent_best": round(choice.potential.get(top_key, float("nan")), 6),
     }
-    return structure_of(digest.examples[key], space), why
+    return structure_of(digest.examples[choice.key], space), why
+
+
+def exploring_succeeds(history: Sequence[Seen], last: int = 5) -> bool:
+    """Whether one of the ``last`` finished explore/neighbour trials ended with a value."""
+    kinds = [o.kind for o in reversed(history)
+             if o.arm in ("explore", "neighbour") and o.kind != "pending"][:last]
+    return any(kind in ("real", "estimate") for kind in kinds)
 
 
 def _arm(obs: Seen) -> str:

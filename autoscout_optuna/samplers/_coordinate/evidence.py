@@ -7,11 +7,13 @@ line search, wall and restart geometry.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 REAL, ESTIMATE, FAILED, PENDING = 0, 1, 2, 3
+PATTERN = -2  # ``moved`` of a pattern move (along the center's travel, not one coordinate)
+MODEL = -3  # ``moved`` of a model move (the best point of a local quadratic fit)
 RULES = ("cyclic", "random", "sensitivity")
 _SAME = 1e-6  # unit-cube distance below which two coordinates are the same value
 RECENT_REPEATS = 4  # repeated points the noise estimate pools (the most recent ones)
@@ -26,9 +28,12 @@ class Evidence:
         points: ``(n, d)`` unit-cube coordinates (every row has all ``d`` coordinates).
         scores: ``(n,)`` values oriented so that larger is better; NaN for failed/pending rows.
         kinds: ``(n,)`` one of ``REAL``, ``ESTIMATE``, ``FAILED``, ``PENDING``.
-        moved: ``(n,)`` coordinate index each row's trial moved, -1 for none.
+        moved: ``(n,)`` coordinate index each row's trial moved, ``PATTERN`` for a pattern
+            move, -1 for none.
         centers: ``(n,)`` row index of the center that trial moved from, -1 for none.
         restarts: ``(n,)`` True for rows proposed as restarts.
+        steps: ``(n,)`` the step each trial recorded (for a pattern move: its ``t`` along the
+            center's travel); None reads as zeros.
     """
 
     points: np.ndarray
@@ -37,6 +42,11 @@ class Evidence:
     moved: np.ndarray
     centers: np.ndarray
     restarts: np.ndarray
+    steps: np.ndarray = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.steps is None:
+            object.__setattr__(self, "steps", np.zeros(len(self.kinds)))
 
 
 @dataclass(frozen=True)
@@ -44,11 +54,13 @@ class Move:
     """The decision for one trial.
 
     Attributes:
-        phase: ``"startup"``, ``"confirm"``, ``"probe"``, ``"step"``, ``"slide"`` or
-            ``"restart"``.
+        phase: ``"startup"``, ``"confirm"``, ``"probe"``, ``"step"``, ``"slide"``,
+            ``"pattern"`` or ``"restart"``.
         point: ``(d,)`` unit-cube point to evaluate.
-        coordinate: Index of the coordinate moved, -1 if none (or all, for a restart).
-        step: Signed distance moved along ``coordinate`` in the unit cube.
+        coordinate: Index of the coordinate moved, -1 if none (or all, for a restart),
+            ``PATTERN`` for a pattern move.
+        step: Signed distance moved along ``coordinate`` in the unit cube (pattern: ``t``, in
+            multiples of the center's travel).
         slope: Estimated score change per unit along ``coordinate`` at the center, or None.
         center: Row index of the center, -1 without one.
         noise: Estimated measurement noise (standard deviation), None until known.
@@ -74,6 +86,7 @@ class Settings:
     wall_radius: float = 0.02
     restart_radius: float = 1.0
     resolve_fraction: float = 0.02
+    headroom: bool = True
 
 
 Snap = Callable[[int, float], float]
@@ -174,7 +187,7 @@ def step_size(evidence: Evidence, settings: Settings, i: int, margin: float = 0.
     distance = abs(evidence.points[row, i] - evidence.points[center, i])
     kind = evidence.kinds[row]
     change = evidence.scores[row] - evidence.scores[center]
-    if kind == REAL and change > margin:
+    if kind == REAL and change >= -margin:
         distance *= 2.0
     elif kind == FAILED or (kind == REAL and change < -margin):
         distance *= 0.5

@@ -54,7 +54,12 @@ def line_proposal(
         if y_l > score_c or y_r > score_c:
             return None  # the center is not the line's best yet: wait for it to move
         if max(score_c - y_l, score_c - y_r) < noise_margin:
-            return None
+            # Flat within the noise: a plateau, or steps too small to see the slope. Look
+            # further out (doubling the farthest tie's distance) before calling it resolved.
+            # Not towards a wall: a flat score there only costs failures.
+            return _beyond_flat(us, ys, u_c, score_c, lo if np.isinf(lo_wall) else u_c,
+                                hi if np.isinf(hi_wall) else u_c, noise_margin, snap, i, slope,
+                                settings.min_step)
         vertex = parabola_vertex(u_l, y_l, u_c, score_c, u_r, y_r)
         if vertex is None:  # flat or convex: split the wider side
             vertex = (u_c + u_l) / 2 if u_c - u_l > u_r - u_c else (u_c + u_r) / 2
@@ -91,6 +96,29 @@ def line_proposal(
     return _unless_measured(snapped, i, u_c, us, "probe", slope)
 
 
+def _beyond_flat(
+    us: np.ndarray, ys: np.ndarray, u_c: float, score_c: float, lo: float, hi: float,
+    margin: float, snap: Snap, i: int, slope: float | None, min_step: float,
+) -> tuple[float, str, float | None] | None:
+    """A probe twice as far as the farthest tie on the less explored side, None if none.
+
+    ``lo`` and ``hi`` bound the probe (a side with a wall is passed as no room at all).
+    """
+    sides = []
+    for side in (-1.0, 1.0):
+        mine = (us - u_c) * side > 0
+        far = float(np.max((us[mine] - u_c) * side))
+        tie = ys[mine][np.argmax((us[mine] - u_c) * side)] >= score_c - margin
+        room = (hi - u_c) if side > 0 else (u_c - lo)
+        if tie and room - far >= min_step:
+            sides.append((far, side, min(2.0 * far, room)))
+    for _, side, distance in sorted(sides):
+        probe = _unless_measured(snap(i, u_c + side * distance), i, u_c, us, "probe", slope)
+        if probe is not None:
+            return probe
+    return None
+
+
 def parabola_vertex(a: float, fa: float, b: float, fb: float, c: float, fc: float) -> float | None:
     """Maximum of the parabola through three points, None when it is not concave."""
     p = (b - a) * (fb - fc)
@@ -121,6 +149,35 @@ def local_slope(
     dx, dy = along[near], evidence.scores[near] - score_c
     weights = 1.0 / (1.0 + others[near] / max(settings.wall_radius, 1e-12))
     return float(np.sum(weights * dx * dy) / np.sum(weights * dx * dx))
+
+
+def headroom_center(evidence: Evidence, settings: Settings, center: int, margin: float) -> int:
+    """The center, or a point tied with it (within ``margin``) farther from a wall on its line.
+
+    A knob that does not change the score but bounds another one (the memory fraction against
+    the batch size that still fits) leaves the center wherever it was first measured, often
+    next to the wall, where the other knob has no room. Among points equally good within the
+    noise, the one with the most room from the failure is the better place to search from.
+    """
+    points, kinds = evidence.points, evidence.kinds
+    if not np.any(kinds == FAILED) or margin <= 0.0:
+        return center
+    c = points[center]
+    score_c = point_mean(evidence, center)
+    differ = np.abs(points - c) > _SAME
+    single = differ.sum(axis=1) == 1
+    for i in range(points.shape[1]):
+        lo_wall, hi_wall = _walls(evidence, settings, i, c)
+        if np.isfinite(lo_wall) == np.isfinite(hi_wall):
+            continue  # no wall on this line, or walls on both sides
+        away = 1.0 if np.isfinite(lo_wall) else -1.0
+        rows = np.flatnonzero(
+            single & differ[:, i] & (kinds == REAL) & ((points[:, i] - c[i]) * away > 0)
+            & (evidence.scores >= score_c - margin)
+        )
+        if rows.size:
+            return int(rows[np.argmax((points[rows, i] - c[i]) * away)])
+    return center
 
 
 def wall_slide(
@@ -172,20 +229,6 @@ def wall_slide(
                     continue
                 return i, point
     return None
-
-
-def pattern_point(evidence: Evidence, center: int, depth: int) -> np.ndarray | None:
-    """Hooke-Jeeves pattern move: the center plus the way it travelled over ``depth`` moves."""
-    row, steps = center, 0
-    while steps < depth and evidence.centers[row] >= 0 and evidence.centers[row] != row:
-        row = int(evidence.centers[row])
-        steps += 1
-    if row == center:
-        return None
-    travel = evidence.points[center] - evidence.points[row]
-    if np.max(np.abs(travel)) <= _SAME:
-        return None
-    return np.clip(evidence.points[center] + travel, 0.0, 1.0)
 
 
 def _likely_infeasible(

@@ -124,27 +124,87 @@ def plan_path(
     # Every bounded revision landed on a known configuration (a well-trodden part of the tree,
     # typical once pruned trials fill it): search the tree in preference order for the first
     # configuration no trial took. Without this, the duplicate is proposed again and again.
+    unseen = _UnseenPaths(known, known_partial, n_values, order, inactive_under)
+    if not unseen.below({}, np.arange(len(known))):
+        return steps  # every path was taken: nothing better than the planned one
     fresh = _first_unseen_path(
         codes, n_values, rewards, weights, order, inactive_under, rng, policy, stats, failed,
-        known, known_partial,
+        known, known_partial, unseen,
     )
     return steps if fresh is None else fresh
 
 
+class _UnseenPaths:
+    """Whether some path below a node repeats no row of ``known``: the walk of
+    :func:`_first_unseen_path` without scores, a fraction of its cost per node. The scored
+    search asks it before entering a child, so it never scores its way through a subtree
+    whose paths were all taken (common in small spaces after some hundreds of trials).
+    Answers True once ``max_nodes`` nodes were walked (then the scored search decides)."""
+
+    def __init__(self, known, known_partial, n_values, order, inactive_under,
+                 max_nodes: int = 2048) -> None:
+        self._known = known
+        self._n_values, self._order, self._inactive_under = n_values, order, inactive_under
+        self._left = max_nodes
+        self._answers: dict[frozenset, bool] = {}  # a node's rows follow from its decisions
+        # Leaves are most of the walk, so their duplicate test (:func:`_is_duplicate` on the
+        # rows that reached them) works on each row's set of present columns as a bit mask.
+        present = known != ABSENT
+        self._pattern = (present * (1 << np.arange(known.shape[1], dtype=object))).sum(axis=1) \
+            if known.shape[1] > 62 else (present * (1 << np.arange(known.shape[1]))).sum(axis=1)
+        self._partial_rows = (np.zeros(len(known), dtype=bool) if known_partial is None
+                              else known_partial)
+
+    def below(self, decided: dict[int, int], reached: np.ndarray) -> bool:
+        if reached.size == 0:
+            return True  # no row took this prefix: any completion is new
+        key = frozenset(decided.items())
+        if key not in self._answers:
+            self._answers[key] = self._walk(decided, reached)
+        return self._answers[key]
+
+    def _walk(self, decided: dict[int, int], reached: np.ndarray) -> bool:
+        column = next((c for c in self._order if c not in decided
+                       and not _inactive(c, decided, self._inactive_under)), None)
+        if column is None:
+            # rows here agree with every decision (or lack the column): a finished row is
+            # repeated when it has no other column, a partial one when it has exactly these
+            mask = sum(1 << c for c in decided)
+            pattern = self._pattern[reached]
+            repeated = np.where(self._partial_rows[reached], pattern == mask,
+                                (pattern & ~mask) == 0)
+            return not repeated.any()
+        self._left -= 1
+        if self._left < 0:
+            return True
+        taken = self._known[reached, column]
+        n = self._n_values[column]
+        if np.count_nonzero(taken == ABSENT) == 0 and (
+                np.bincount(taken[taken >= 0], minlength=n)[:n] == 0).any():
+            return True  # a child no row took
+        return any(self.below({**decided, column: code},
+                              reached[(taken == code) | (taken == ABSENT)])
+                   for code in range(n))
+
+
 def _first_unseen_path(
     codes, n_values, rewards, weights, order, inactive_under, rng, policy, stats, failed,
-    known, known_partial, max_nodes: int = 512,
+    known, known_partial, unseen: _UnseenPaths, max_nodes: int = 512,
 ) -> list[Step] | None:
     """Depth-first search, children in UCT order, for a path that repeats no row.
 
     Only nodes some row reached are searched (below any other node every completion is new, so
-    the usual descent completes the path), so the search is bounded by the history, and by
-    ``max_nodes`` besides. None when every path of the tree was taken.
+    the usual descent completes the path), and only children with an unseen path below them
+    (``unseen``), so the search is bounded by the history, and by ``max_nodes`` besides.
+    None when every path of the tree was taken.
     """
     failed_codes = codes[failed] if failed is not None else codes[:0]
     visited = [0]
 
-    def search(head: list[Step], reached: np.ndarray) -> list[Step] | None:
+    # ``node``: rows of the whole history at this node (for the scores); ``reached``: the
+    # repeatable rows there (only they can make the path a duplicate). Both are narrowed on
+    # the way down rather than recomputed, which keeps a node's cost proportional to its rows.
+    def search(head: list[Step], node: np.ndarray, reached: np.ndarray) -> list[Step] | None:
         if reached.size == 0:  # no row took this prefix: complete it the usual way
             return head + _descend(
                 codes, n_values, rewards, weights, order, inactive_under, rng, policy, head,
@@ -155,27 +215,31 @@ def _first_unseen_path(
             (c for c in order if c not in decided and not _inactive(c, decided, inactive_under)),
             None,
         )
-        if column is None:
-            return None if _is_duplicate(known, head, known_partial) else head
+        if column is None:  # a row off ``reached`` differs from the path in a decided column
+            partial_here = None if known_partial is None else known_partial[reached]
+            return None if _is_duplicate(known[reached], head, partial_here) else head
         visited[0] += 1
         if visited[0] > max_nodes:
             return None
-        scores = _scores_at(codes, n_values, rewards, weights, head, column, policy, stats)
+        scores = _child_scores(codes, n_values, rewards, weights, node, column, policy, stats)
         allowed = _DeadEnds(failed_codes, decided).allowed(column, n_values[column])
         ranking = sorted(
             range(n_values[column]),
             key=lambda c: (allowed is not None and not allowed[c], -scores.score[c], c),
         )
+        taken = known[reached, column]
         for code in ranking:
+            below = reached[(taken == code) | (taken == ABSENT)]
+            if not unseen.below({**decided, column: code}, below):
+                continue
             step = Step(column, code, float(scores.score[code]), float(scores.value[code]),
                         float(scores.visits[code]))
-            taken = known[reached, column]
-            found = search(head + [step], reached[(taken == code) | (taken == ABSENT)])
+            found = search(head + [step], narrow(codes, node, column, code), below)
             if found is not None or visited[0] > max_nodes:
                 return found
         return None
 
-    return search([], np.arange(len(known)))
+    return search([], np.arange(len(codes)), np.arange(len(known)))
 
 
 def _scores_at(codes, n_values, rewards, weights, head, column, policy, stats) -> ChildScores:

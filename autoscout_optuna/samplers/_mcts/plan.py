@@ -16,6 +16,7 @@ import numpy as np
 
 from autoscout_optuna.samplers._mcts.descent import TreePolicy, plan_path
 from autoscout_optuna.samplers._mcts.encoding import Table, value_key
+from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility
 from autoscout_optuna.samplers._mcts.tournament import (
     Dependencies,
     candidate_orders,
@@ -47,12 +48,15 @@ class StructurePlan:
         scores: ``{param: {"uct", "value", "visits"}}`` of each chosen child (``uct`` is None
             for an untried child, which is expanded first).
         phase: ``"startup"`` (too little history for a tournament: ask order) or ``"uct"``.
+        feasibility: ``{"p_fail": ..., "rejected": [[p_fail, {param: value}], ...]}``: the
+            learned failure probability of the plan and the paths re-drawn before it.
     """
 
     values: dict[str, Any]
     order: list[str]
     scores: dict[str, dict[str, float | None]]
     phase: str
+    feasibility: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,8 @@ class PlanSettings:
     min_tournament_rows: int = 8
     feature_prioritization: bool = True
     exploit_probability: float = 0.4
+    max_fail_probability: float = 0.3
+    max_redraws: int = 8
 
 
 @dataclass(frozen=True)
@@ -145,11 +151,8 @@ def make_plan(
         # Follow the best result greedily; the duplicate rule then moves its deepest
         # (least important) decisions: a local step next to the incumbent.
         policy, phase = replace(policy, exploration=0.0, max_backup=1.0), EXPLOIT
-    steps = plan_path(
-        table.codes, [len(v) for v in table.values], evidence.rewards, evidence.weights,
-        order, inactive_under, rng_tree, policy,
-        failed=np.array([kind == FAILED for kind in table.kinds], dtype=bool),
-        partial=np.array([kind in (FAILED, PENDING) for kind in table.kinds], dtype=bool),
+    steps, feasibility = _feasible_path(
+        evidence, order, inactive_under, rng_tree, policy, settings,
         repeatable=_same_dense_values(table, fixed),
     )
     values = {}
@@ -158,9 +161,56 @@ def make_plan(
         name = table.names[step.column]
         values[name] = table.values[step.column][step.code]
         scores[name] = _score_record(step.score, step.value, step.visits)
+    rejected = [[p, {table.names[st.column]: table.values[st.column][st.code] for st in path}]
+                for p, path in feasibility.pop("rejected")]
     return StructurePlan(
-        values=values, order=[table.names[c] for c in order], scores=scores, phase=phase
+        values=values, order=[table.names[c] for c in order], scores=scores, phase=phase,
+        feasibility={**feasibility, "rejected": rejected},
     )
+
+
+def _feasible_path(
+    evidence: Evidence, order: list[int], inactive_under: dict[int, dict[int, frozenset[int]]],
+    rng: np.random.Generator, policy: TreePolicy, settings: PlanSettings,
+    repeatable: np.ndarray | None,
+) -> tuple[list[Any], dict[str, Any]]:
+    """Descend the tree; re-draw a path the feasibility model expects to FAIL.
+
+    A rejected path joins the table as a virtual failed row, so the next descent both scores
+    its branch lower and, by the dead-end rule, does not complete it again. After
+    ``max_redraws`` rejections the least likely to fail of the paths drawn is taken.
+    """
+    table = evidence.table
+    n_values = [len(v) for v in table.values]
+    kinds = np.array(table.kinds, dtype=object)
+    failed = kinds == FAILED
+    model = fit_feasibility(
+        table.codes, n_values, failed, (kinds == REAL) | (kinds == ESTIMATE)
+    )
+    codes, rewards, weights = table.codes, evidence.rewards, evidence.weights
+    partial = failed | (kinds == PENDING)
+    drawn: list[tuple[float, list[Any]]] = []
+    for _ in range(settings.max_redraws + 1):
+        steps = plan_path(
+            codes, n_values, rewards, weights, order, inactive_under, rng, policy,
+            failed=failed, partial=partial, repeatable=repeatable,
+        )
+        row = np.full(len(n_values), -1)
+        for step in steps:
+            row[step.column] = step.code
+        p_fail = float(model.p_fail(row)[0])
+        drawn.append((p_fail, steps))
+        if p_fail <= settings.max_fail_probability:
+            break
+        codes = np.vstack([codes, row])
+        rewards = np.append(rewards, settings.failure_reward)
+        weights = np.append(weights, 1.0)
+        failed, partial = np.append(failed, True), np.append(partial, True)
+        if repeatable is not None:
+            repeatable = np.append(repeatable, True)
+    best = min(range(len(drawn)), key=lambda i: (drawn[i][0], i))
+    rejected = [(round(p, 3), path) for i, (p, path) in enumerate(drawn) if i != best]
+    return drawn[best][1], {"p_fail": round(drawn[best][0], 3), "rejected": rejected}
 
 
 def _same_dense_values(table: Table, fixed: Mapping[str, Any] | None) -> np.ndarray | None:
@@ -169,14 +219,22 @@ def _same_dense_values(table: Table, fixed: Mapping[str, Any] | None) -> np.ndar
         return None
     structural = set(table.names)
     wanted = {name: value_key(value) for name, value in fixed.items()}
-    return np.array([
-        all(wanted.get(name, _MISSING) == value_key(value)
-            for name, value in params.items() if name not in structural)
-        for params in table.params
-    ], dtype=bool)
-
-
-_MISSING = object()
+    # Most rows differ in some dense value, so the comparison stops early; value_key is called
+    # only on a mismatch of the raw values (it is the slow part, and 4 == 4.0 must still match).
+    same = np.zeros(len(table.params), dtype=bool)
+    for row, params in enumerate(table.params):
+        for name, value in params.items():
+            if name in structural:
+                continue
+            if name not in fixed:
+                break
+            raw = fixed[name]
+            if not (type(raw) is type(value) and raw == value) and (
+                    wanted[name] != value_key(value)):
+                break
+        else:
+            same[row] = True
+    return same
 
 
 def decide_unplanned(

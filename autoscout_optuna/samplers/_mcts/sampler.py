@@ -39,6 +39,8 @@ from autoscout_optuna.samplers._mcts.plan import (
 PATH_KEY = "mcts:path"
 UCT_KEY = "mcts:uct"
 PHASE_KEY = "mcts:phase"
+# {"p_fail": learned failure probability of the path run, "rejected": [[p_fail, path], ...]}.
+FEASIBILITY_KEY = "mcts:feasibility"
 # System attr a composing sampler may write before the first suggest: {param: value} of the
 # non-structural params the trial will take. Then only a trial with the same structure *and*
 # those values counts as a repeat (a known structure with new dense values is a new config).
@@ -72,9 +74,11 @@ class MCTSSampler(BaseSampler):
     (feature prioritization) puts the params that explain most of the reward spread at the top,
     never a conditional knob before its parent. FAIL trials penalize their path (and a path
     that would repeat a failed trial's decisions is avoided), PRUNED trials count as
-    low-fidelity estimates, RUNNING trials as virtual losses. An evaluated configuration is not
-    proposed again. A share of trials exploits: greedy along the best result, so the
-    duplicate rule takes a local step from the incumbent.
+    low-fidelity estimates, RUNNING trials as virtual losses. A logistic model of P(FAIL) over
+    the structure, fitted on the trials that failed after asking every param (out of memory and
+    the like), re-draws a planned path that is likely to fail (attr ``mcts:feasibility``). An
+    evaluated configuration is not proposed again. A share of trials exploits: greedy along the
+    best result, so the duplicate rule takes a local step from the incumbent.
 
     Dense params (continuous, large ranges) go to ``fallback``.
 
@@ -270,6 +274,8 @@ class MCTSSampler(BaseSampler):
         set_user_attr(study, trial, UCT_KEY, {name: record.scores[name] for name, _ in path})
         set_user_attr(study, trial, ORDER_KEY, order)
         set_user_attr(study, trial, PHASE_KEY, phase)
+        if record.plan.feasibility:
+            set_user_attr(study, trial, FEASIBILITY_KEY, record.plan.feasibility)
 
     # -- composition API -------------------------------------------------------------------
     def propose_structure(self, study: optuna.Study, trial: FrozenTrial) -> StructurePlan:

@@ -1,0 +1,99 @@
+"""Learned infeasibility: how likely a planned structure is to FAIL (pure: codes in, numbers out).
+
+A trial that failed *on its prefix* (an invalid layout found as soon as its last offending
+choice was made) is already handled by the dead-end rule of ``descent.py``. A trial that failed
+*after* asking everything (out of memory, an invalid combination checked at launch) says more:
+resource use is roughly a sum of per-choice contributions in log space (a larger micro-batch, no
+recomputation, less sharding each add memory), so a failure at one structure makes the
+structures that add even more likely to fail too. A logistic regression over the one-hot
+encoded structure is exactly a threshold on such a sum, and it is fitted on the finished trials
+of the history every time a plan is made (no state to keep).
+
+Only rows that asked as many params as the shortest feasible row are training rows: a row that
+failed earlier failed on its prefix, and its missing params would teach the model that absence
+causes failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoscout_optuna.samplers._mcts.tree import ABSENT
+
+# Ridge penalty on the weights (not the intercept): with a few dozen rows and ~30 one-hot
+# features, an unpenalized fit would call every unseen combination certain to fail or succeed.
+L2 = 1.0
+NEWTON_STEPS = 25
+
+
+@dataclass(frozen=True)
+class FeasibilityModel:
+    """A fitted logistic model of P(FAIL | structure); ``None`` weights: too little evidence."""
+
+    offsets: np.ndarray
+    weights: np.ndarray | None
+    intercept: float = 0.0
+
+    def p_fail(self, codes: np.ndarray) -> np.ndarray:
+        """P(FAIL) of each row of ``codes`` (a 1-D path is one row); 0 without a model."""
+        rows = np.atleast_2d(codes)
+        if self.weights is None:
+            return np.zeros(len(rows))
+        z = self.intercept + _one_hot(rows, self.offsets) @ self.weights
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
+
+
+def fit_feasibility(
+    codes: np.ndarray, n_values: Sequence[int], failed: np.ndarray, feasible: np.ndarray
+) -> FeasibilityModel:
+    """Fit P(FAIL) on the full-length failed rows and the feasible rows of ``codes``.
+
+    Args:
+        codes: History table (rows x structural params), ``ABSENT`` where not asked.
+        n_values: Number of values per column.
+        failed: Mask of rows that ended FAIL.
+        feasible: Mask of rows that ended with a value (real or estimate).
+
+    Returns:
+        The model; without at least one full-length failed and one feasible row it predicts 0.
+    """
+    offsets = np.concatenate([[0], np.cumsum(n_values)]).astype(int)
+    asked = (codes != ABSENT).sum(axis=1)
+    if not feasible.any():
+        return FeasibilityModel(offsets, None)
+    full_failed = failed & (asked >= asked[feasible].min())
+    if not full_failed.any():
+        return FeasibilityModel(offsets, None)
+    rows = full_failed | feasible
+    x = _one_hot(codes[rows], offsets)
+    y = full_failed[rows].astype(float)
+    weights, intercept = _logistic(x, y)
+    return FeasibilityModel(offsets, weights, intercept)
+
+
+def _one_hot(codes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    x = np.zeros((len(codes), int(offsets[-1])))
+    for column in range(codes.shape[1]):
+        taken = codes[:, column] >= 0  # ABSENT and OTHER (a value outside the domain) add none
+        x[np.flatnonzero(taken), offsets[column] + codes[taken, column]] = 1.0
+    return x
+
+
+def _logistic(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """L2-penalized logistic regression by Newton's method (intercept not penalized)."""
+    design = np.hstack([np.ones((len(x), 1)), x])
+    penalty = np.full(design.shape[1], L2)
+    penalty[0] = 1e-6
+    beta = np.zeros(design.shape[1])
+    for _ in range(NEWTON_STEPS):
+        p = 1.0 / (1.0 + np.exp(-np.clip(design @ beta, -30.0, 30.0)))
+        gradient = design.T @ (p - y) + penalty * beta
+        hessian = (design * (p * (1 - p))[:, None]).T @ design + np.diag(penalty)
+        step = np.linalg.solve(hessian, gradient)
+        beta -= step
+        if np.max(np.abs(step)) < 1e-6:
+            break
+    return beta[1:], float(beta[0])

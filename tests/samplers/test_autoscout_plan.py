@@ -1,0 +1,85 @@
+"""The refine arm's successive budget over the top structures (pure: hand-made histories)."""
+
+import dataclasses
+
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+from autoscout_optuna.samplers._autoscout import plan as planning
+from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
+
+DISTRIBUTIONS = {
+    "layout": CategoricalDistribution(["a", "b", "c", "d"]),
+    "x": FloatDistribution(0.0, 1.0),
+}
+PATIENCE = planning.PATIENCE_PER_KNOB  # one dense knob
+
+
+def history_of(rows):
+    """``rows``: (arm, layout, x, score) oldest first; returns (history, digest, space)."""
+    digest, history = StudyDigest(), []
+    for number, (arm, layout, x, score) in enumerate(rows):
+        params = {"layout": layout, "x": x}
+        seen = Seen(
+            number=number, params=params, distributions=DISTRIBUTIONS,
+            kind="real" if score is not None else "failed", score=score, user_attrs={},
+            structure=(("layout", repr(layout)),),
+            config=tuple(sorted((n, repr(v)) for n, v in params.items())), arm=arm,
+        )
+        history.append(dataclasses.replace(seen, gains=digest.add(seen)))
+    return history, digest, planning.observed_space(history, digest)
+
+
+def start():
+    # Incumbent "a"; "b" is close behind at stage 0; "c" and "d" are far behind.
+    return [("startup", "a", 0.5, 10.0), ("startup", "b", 0.5, 9.95),
+            ("startup", "c", 0.5, 5.0), ("startup", "d", 0.5, 1.0)]
+
+
+def choose(rows):
+    history, digest, space = history_of(rows)
+    return planning.refine_choice(history, digest, space, estimator="did"), digest, space
+
+
+def test_incumbent_structure_is_refined_first():
+    choice, digest, space = choose(start())
+    structure, why = planning.refine_target(choice, digest, space)
+    assert structure == {"layout": "a"}
+    assert (why["rank"], why["stale"], why["patience"]) == (0, 0, PATIENCE)
+    assert why["incumbent_structure"]
+
+
+def test_a_close_runner_up_is_refined_once_the_incumbent_is_tuned_out():
+    flat = [("refine", "a", 0.1 * i, 10.0) for i in range(PATIENCE)]
+    choice, digest, space = choose(start() + flat)
+    structure, why = planning.refine_target(choice, digest, space)
+    assert structure == {"layout": "b"}
+    assert why["rank"] == 1 and not why["incumbent_structure"]
+    assert choice.stale < choice.patience  # the refine arm stays available
+
+
+def test_far_structures_are_never_refined_and_the_arm_rests_when_the_top_is_tuned_out():
+    flat_a = [("refine", "a", 0.1 * i, 10.0) for i in range(PATIENCE)]
+    flat_b = [("refine", "b", 0.1 * i, 9.9) for i in range(PATIENCE)]
+    choice, _, _ = choose(start() + flat_a + flat_b)
+    # "c" (5.0) is third by potential but far below the incumbent: not worth tuning.
+    assert choice.key == (("layout", "'a'"),)
+    assert choice.stale >= choice.patience
+
+
+def test_a_gain_gives_a_structure_back_its_patience():
+    flat = [("refine", "a", 0.1 * i, 10.0) for i in range(PATIENCE - 1)]
+    gain = [("refine", "a", 0.95, 10.5)]
+    choice, _, _ = choose(start() + flat + gain)
+    assert choice.key == (("layout", "'a'"),)
+    assert choice.stale == 0
+
+
+def test_failed_refinements_count_as_stale():
+    failed = [("refine", "a", 0.1 * i, None) for i in range(PATIENCE)]
+    choice, _, _ = choose(start() + failed)
+    assert choice.key == (("layout", "'b'"),)
+
+
+def test_no_choice_before_any_value():
+    choice, _, _ = choose([("startup", "a", 0.5, None)])
+    assert choice is None

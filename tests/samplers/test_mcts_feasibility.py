@@ -1,0 +1,91 @@
+"""Learned infeasibility in MCTS: the pure model, and proposals steered away from failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import optuna
+
+from autoscout_optuna import MCTSSampler
+from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility
+from autoscout_optuna.samplers._mcts.sampler import FEASIBILITY_KEY
+from autoscout_optuna.samplers._mcts.tree import ABSENT
+
+MEMORY = {"micro_batch": [1, 2, 4, 8], "recompute": ["full", "none"], "shard": [4, 1]}
+
+
+def _memory_rows():
+    """Every (micro_batch, recompute, shard) combination; OOM when the memory sum is > 3."""
+    codes, failed = [], []
+    for mb in range(4):
+        for rc in range(2):
+            for sh in range(2):
+                codes.append([mb, rc, sh])
+                failed.append(mb + 2 * rc + sh > 3)
+    return np.array(codes), np.array(failed)
+
+
+def test_model_ranks_configs_by_the_memory_they_add():
+    codes, failed = _memory_rows()
+    seen = np.ones(len(codes), dtype=bool)
+    seen[[13, 15]] = False  # hold out two configs with micro_batch 8 and shard 1
+    model = fit_feasibility(codes[seen], [4, 2, 2], failed[seen], ~failed[seen])
+    p = model.p_fail(codes)
+    assert p[failed].mean() > p[~failed].mean() + 0.2
+    assert p[15] > 0.5 > p[0]  # held out, the most memory-hungry config; the lightest
+    # More memory under the same other choices: more likely to fail.
+    assert p[4 * 3 + 2 * 1 + 1] > p[4 * 0 + 2 * 1 + 1] and p[4 * 2 + 1] > p[4 * 2]
+
+
+def test_model_without_a_full_length_failure_predicts_nothing():
+    codes = np.array([[0, 1], [1, 0], [0, ABSENT]])
+    prefix_failure = np.array([False, False, True])  # failed before asking column 1
+    model = fit_feasibility(codes, [2, 2], prefix_failure, ~prefix_failure)
+    np.testing.assert_array_equal(model.p_fail(codes), np.zeros(3))
+
+
+def _memory_objective(trial):
+    mb = trial.suggest_categorical("micro_batch", MEMORY["micro_batch"])
+    recompute = trial.suggest_categorical("recompute", MEMORY["recompute"])
+    shard = trial.suggest_categorical("shard", MEMORY["shard"])
+    layout = trial.suggest_categorical("layout", ["a", "b", "c"])
+    if np.log2(mb) + 2 * (recompute == "none") + (shard == 1) > 3:
+        raise RuntimeError("oom")
+    return np.log2(mb) + (recompute == "none") + 0.5 * (shard == 1) + {"a": 0, "b": 0.2, "c": 0.1}[
+        layout
+    ]
+
+
+def _oom_configs(study, start):
+    return [t for t in study.trials[start:] if t.state == optuna.trial.TrialState.FAIL]
+
+
+def test_structures_whose_neighbours_all_failed_are_not_proposed_again():
+    fails = []
+    for seed in range(3):
+        study = optuna.create_study(direction="maximize", sampler=MCTSSampler(seed=seed))
+        study.optimize(_memory_objective, n_trials=60, catch=(RuntimeError,))
+        late = _oom_configs(study, 30)
+        fails.append(len(late))
+        records = [t.user_attrs.get(FEASIBILITY_KEY) for t in study.trials[30:]]
+        assert any(r and r["rejected"] for r in records)  # rejections are recorded
+        for record in filter(None, records):
+            for p_fail, path in record["rejected"]:
+                assert p_fail > 0.3 and set(path) <= {"micro_batch", "recompute", "shard",
+                                                       "layout"}
+    # 24 of the 48 structures fail; uninformed, half the late trials would.
+    assert np.mean(fails) < 0.25 * 30
+
+
+def test_resume_from_sqlite_reproduces_feasibility_decisions(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'f.db'}"
+    whole = optuna.create_study(direction="maximize", sampler=MCTSSampler(seed=1))
+    whole.optimize(_memory_objective, n_trials=40, catch=(RuntimeError,))
+    first = optuna.create_study(direction="maximize", sampler=MCTSSampler(seed=1),
+                                storage=storage, study_name="s")
+    first.optimize(_memory_objective, n_trials=25, catch=(RuntimeError,))
+    resumed = optuna.load_study(study_name="s", storage=storage, sampler=MCTSSampler(seed=1))
+    resumed.optimize(_memory_objective, n_trials=15, catch=(RuntimeError,))
+    assert [t.params for t in resumed.trials] == [t.params for t in whole.trials]
+    assert [t.user_attrs.get(FEASIBILITY_KEY) for t in resumed.trials] == [
+        t.user_attrs.get(FEASIBILITY_KEY) for t in whole.trials
+    ]
