@@ -31,6 +31,7 @@ class FidelitySettings:
     n_warmup_real: int
     window: int
     min_pairs: int
+    validation_top: float | None = None  # None: validate whatever trial opens a slot
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,12 @@ def decide(
     pair_reals: Sequence[float],
     best_real: float | None,
     settings: FidelitySettings,
+    last_real_number: int | None = None,
 ) -> FidelityDecision:
     """Decide the fidelity of one trial (all values raw, as the objective reported them).
 
     Args:
-        trial_number: The trial's number (periodic validation is by number, so it survives a
+        trial_number: The trial's number (validation slots are by number, so they survive a
             restart).
         estimate: This trial's estimate; None or non-finite when the simulator gave none.
         maximize: The study's direction.
@@ -75,6 +77,8 @@ def decide(
         pair_reals: Their real values.
         best_real: The best real value so far (None before any).
         settings: The pruner's knobs.
+        last_real_number: Number of the latest earlier trial that ran (or runs) for real; None
+            before any. A real run since the current validation slot opened fills it.
     """
     error = measure_error(
         pair_estimates, pair_reals, window=settings.window, rank_tolerance=settings.rank_tolerance
@@ -84,7 +88,7 @@ def decide(
     sign = 1.0 if maximize else -1.0
     pool = sign * np.asarray(pool_estimates, dtype=float)
     pool = pool[np.isfinite(pool)]
-    rank = float(np.mean(pool > sign * estimate)) if pool.size else 0.0
+    rank = _rank(pool, sign * estimate)
     n_real = len(pair_reals)
     if n_real < settings.n_warmup_real or error.n_pairs < settings.min_pairs:
         # Until the simulator has been checked against enough real runs, nothing says it can
@@ -92,15 +96,47 @@ def decide(
         return FidelityDecision(REAL, "warm_up", error, rank)
     if _error_too_high(error, settings):
         return FidelityDecision(REAL, "simulator_error_high", error, rank)
-    if settings.validation_period is not None and trial_number % settings.validation_period == 0:
-        # Validation ignores the estimate, so the error is also measured on configs the
-        # simulator does not like (promising configs alone are a narrow, optimistic sample).
+    if _validation_due(trial_number, last_real_number, settings) and (
+        not _targeted_slot(trial_number, settings)
+        or _rank(pool[-settings.window :], sign * estimate) < settings.validation_top
+    ):
         return FidelityDecision(REAL, "periodic_validation", error, rank)
     if best_real is None or _could_beat(estimate, best_real, sign, error, settings.optimism):
         return FidelityDecision(REAL, "could_beat_best", error, rank)
     if settings.top_fraction is not None and rank < settings.top_fraction:
         return FidelityDecision(REAL, "top_fraction", error, rank)
     return FidelityDecision(SIMULATOR, "not_promising", error, rank)
+
+
+def _rank(oriented_pool: np.ndarray, oriented_estimate: float) -> float:
+    """Fraction of the pool better than the estimate (0 = best); both oriented larger-better."""
+    return float(np.mean(oriented_pool > oriented_estimate)) if oriented_pool.size else 0.0
+
+
+def _validation_due(
+    trial_number: int, last_real_number: int | None, settings: FidelitySettings
+) -> bool:
+    """Whether the current validation slot (one per ``validation_period`` trial numbers) has
+    seen no real run yet."""
+    if settings.validation_period is None:
+        return False
+    slot_start = trial_number - trial_number % settings.validation_period
+    return last_real_number is None or last_real_number < slot_start
+
+
+def _targeted_slot(trial_number: int, settings: FidelitySettings) -> bool:
+    """Whether this validation slot goes only to a well-ranked estimate.
+
+    Every second slot: a validation on a config the simulator rightly calls poor costs a real
+    run and teaches the search nothing, while the upper ranks (of the *recent* estimates, what
+    the search proposes now; not the winners alone, the luckiest draws of the noise) are where
+    a wrongly trusted estimate would hide the optimum. The other slots stay blind, taking
+    whatever trial opens them: a simulator that turns bad may rate exactly the good configs
+    poorly, and only blind validations catch that quickly.
+    """
+    assert settings.validation_period is not None
+    slot = trial_number // settings.validation_period
+    return settings.validation_top is not None and slot % 2 == 1
 
 
 def _could_beat(

@@ -13,6 +13,10 @@ import numpy as np
 # rates): effects on throughput are closer to linear in log(value).
 LOG_RATIO = 8.0
 Z_LIMIT = 2.5  # standardized values are clipped to +-Z_LIMIT
+# A numeric knob with at most this many distinct values (tp, pipeline stages, micro-batch) also
+# gets one column per value: such knobs switch code paths, so their effect need not be smooth,
+# and a quadratic in log(value) cannot express a simulator bias that is fixed per value.
+MAX_ONE_HOT_LEVELS = 8
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,7 @@ class _Numeric:
     mean: float
     scale: float
     sometimes_missing: bool
+    levels: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,11 @@ class FeatureEncoder:
                 scale = float(numbers.std())
                 if scale == 0 and not missing:
                     continue  # a constant knob explains nothing
-                specs.append(_Numeric(name, log, float(numbers.mean()), scale or 1.0, missing))
+                distinct = tuple(sorted({float(v) for v in values}))
+                levels = distinct if 2 < len(distinct) <= MAX_ONE_HOT_LEVELS else ()
+                specs.append(
+                    _Numeric(name, log, float(numbers.mean()), scale or 1.0, missing, levels)
+                )
             else:
                 levels = tuple(dict.fromkeys(_hashable(v) for v in values))
                 if len(levels) < 2 and not missing:
@@ -98,6 +107,13 @@ class FeatureEncoder:
                 matrix[:, start + 1] = z * z
                 if spec.sometimes_missing:
                     matrix[:, start + 2] = present
+                if spec.levels:
+                    first_level = start + 2 + int(spec.sometimes_missing)
+                    for offset, level in enumerate(spec.levels):
+                        raw_level = np.array(
+                            [spec.name in c and float(c[spec.name]) == level for c in configs]
+                        )
+                        matrix[:, first_level + offset] = raw_level
             else:
                 index = {level: i for i, level in enumerate(spec.levels)}
                 for row, config in enumerate(configs):
@@ -110,7 +126,7 @@ class FeatureEncoder:
 
 def _width(spec: _Numeric | _Categorical) -> int:
     if isinstance(spec, _Numeric):
-        return 3 if spec.sometimes_missing else 2
+        return 2 + int(spec.sometimes_missing) + len(spec.levels)
     return len(spec.levels)
 
 

@@ -12,6 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autoscout_optuna import _keys, _validate
 from autoscout_optuna._storage import get_trials, set_user_attr
 from autoscout_optuna.fidelity._decision import (
+    REAL,
     SIMULATOR,
     FidelityDecision,
     FidelitySettings,
@@ -31,7 +32,9 @@ class FidelityPruner(BasePruner):
     * fewer than ``n_warmup_real`` real runs with an estimate (and ``min_pairs``) exist,
     * the simulator's recent error is above threshold (every trial runs for real until the
       error, measured on the last ``window`` trials with both fidelities, recovers),
-    * the trial number is a multiple of ``validation_period`` (periodic validation),
+    * periodic validation: each slot of ``validation_period`` trial numbers with no real run
+      yet validates its first trial; every second slot only a trial whose estimate ranks in
+      the best ``validation_top`` of the ``window`` most recent estimates,
     * the estimate, calibrated and given the benefit of the doubt (``optimism`` times the
       recent relative error), could beat the best real value so far (``could_beat_best``),
     * optionally, the estimate ranks in the best ``top_fraction`` of all estimates so far,
@@ -74,8 +77,12 @@ class FidelityPruner(BasePruner):
             value and still run for real. 0 runs only estimates that beat it outright.
         top_fraction: Also run estimates in this best fraction of all estimates so far; None
             (default) relies on ``could_beat_best`` alone.
-        validation_period: Every trial whose number is a multiple of it runs for real; None
-            disables periodic validation.
+        validation_period: Trial numbers per validation slot: a slot in which nothing ran for
+            real yet validates its first (well-ranked) trial; None disables validation.
+        validation_top: Every second validation slot goes only to an estimate ranking in
+            this best fraction of the ``window`` most recent estimates (a config the simulator
+            rightly calls poor is a wasted real run); None: every slot validates whatever
+            trial opens it.
         n_warmup_real: Real runs (with an estimate) before any estimate is trusted.
         window: How many of the most recent estimate/real pairs the error is measured on.
         min_pairs: Pairs needed before the error is trusted at all.
@@ -90,6 +97,7 @@ class FidelityPruner(BasePruner):
         top_fraction: float | None = None,
         optimism: float = 1.0,
         validation_period: int | None = 10,
+        validation_top: float | None = None,
         n_warmup_real: int = 5,
         window: int = 20,
         min_pairs: int = 5,
@@ -97,7 +105,7 @@ class FidelityPruner(BasePruner):
         _validate.reals(error_threshold=error_threshold, rank_tolerance=rank_tolerance,
                         optimism=optimism)
         _validate.optional_reals(rank_error_threshold=rank_error_threshold,
-                                 top_fraction=top_fraction)
+                                 top_fraction=top_fraction, validation_top=validation_top)
         _validate.integers(n_warmup_real=n_warmup_real, window=window, min_pairs=min_pairs)
         _validate.optional_integers(validation_period=validation_period)
         if not error_threshold > 0:
@@ -110,6 +118,8 @@ class FidelityPruner(BasePruner):
             raise ValueError(f"rank_tolerance must be in [0, 1), got {rank_tolerance}")
         if top_fraction is not None and not 0.0 < top_fraction <= 1.0:
             raise ValueError(f"top_fraction must be in (0, 1] or None, got {top_fraction}")
+        if validation_top is not None and not 0.0 < validation_top <= 1.0:
+            raise ValueError(f"validation_top must be in (0, 1] or None, got {validation_top}")
         if not optimism >= 0:
             raise ValueError(f"optimism must be >= 0, got {optimism}")
         if validation_period is not None and (
@@ -135,6 +145,7 @@ class FidelityPruner(BasePruner):
             optimism=float(optimism),
             validation_period=None if validation_period is None else int(validation_period),
             n_warmup_real=int(n_warmup_real),
+            validation_top=None if validation_top is None else float(validation_top),
             window=int(window),
             min_pairs=int(min_pairs),
         )
@@ -153,9 +164,12 @@ class FidelityPruner(BasePruner):
         """The decision ``prune`` would take for ``trial``, without recording it."""
         maximize = study.direction == StudyDirection.MAXIMIZE
         pool, pair_estimates, pair_reals, reals = [], [], [], []
+        last_real_number = None
         for other in get_trials(study):
             if other.number == trial.number:
                 continue
+            if other.number < trial.number and _ran_for_real(other):
+                last_real_number = max(other.number, last_real_number or 0)
             other_estimate = _estimate_of(other)
             real = _real_of(other)
             if real is not None:
@@ -176,6 +190,7 @@ class FidelityPruner(BasePruner):
             pair_reals=pair_reals,
             best_real=best_real,
             settings=self._settings,
+            last_real_number=last_real_number,
         )
 
     def _record(self, study: optuna.Study, trial: FrozenTrial, decision: FidelityDecision) -> None:
@@ -192,6 +207,14 @@ def _estimate_of(trial: FrozenTrial) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return float(value)
+
+
+def _ran_for_real(trial: FrozenTrial) -> bool:
+    """A real run, finished or still running (decided ``real`` by this pruner or for lack of
+    an estimate)."""
+    return trial.state == TrialState.COMPLETE or (
+        trial.state == TrialState.RUNNING and trial.user_attrs.get(_keys.FIDELITY) == REAL
+    )
 
 
 def _real_of(trial: FrozenTrial) -> float | None:

@@ -15,7 +15,7 @@ GOOD = dict(
 def _decide(**overrides):
     arguments = dict(
         trial_number=1, estimate=3.3, maximize=True, pool_estimates=[1.1, 2.2, 3.3, 4.4, 5.5],
-        settings=SETTINGS, **GOOD,
+        settings=SETTINGS, last_real_number=0, **GOOD,
     )
     arguments.update(overrides)
     return decide(**arguments)
@@ -93,3 +93,28 @@ def test_periodic_validation_by_trial_number():
     assert _decide(trial_number=20).reason == "periodic_validation"
     no_validation = FidelitySettings(**{**SETTINGS.__dict__, "validation_period": None})
     assert _decide(trial_number=20, settings=no_validation).reason == "not_promising"
+
+
+def test_a_validation_slot_is_filled_once():
+    # Slot 20..29: trial 23 validates while nothing ran for real since 20, not once 21 did.
+    assert _decide(trial_number=23, last_real_number=19).reason == "periodic_validation"
+    assert _decide(trial_number=23, last_real_number=21).reason == "not_promising"
+
+
+def test_targeted_slots_validate_only_well_ranked_recent_estimates():
+    targeted = FidelitySettings(**{**SETTINGS.__dict__, "validation_top": 0.5})
+    recent = [1.0, 2.0, 3.0, 4.0, 4.2, 4.3, 4.5, 4.6]  # oldest first; window 10 sees them all
+    poor, good = 2.5, 4.4  # neither could beat the best real value (5.0) once calibrated
+    # Slot 30..39 is targeted (odd slot): a poorly ranked estimate leaves it open...
+    for estimate, reason in ((poor, "not_promising"), (good, "periodic_validation")):
+        decision = _decide(trial_number=31, estimate=estimate, pool_estimates=recent,
+                           settings=targeted, last_real_number=29)
+        assert decision.reason == reason
+    # ...while slot 40..49 (even) stays blind: any estimate validates.
+    blind = _decide(trial_number=41, estimate=poor, pool_estimates=recent, settings=targeted,
+                    last_real_number=39)
+    assert blind.reason == "periodic_validation"
+    # Ranked against the recent estimates only: an old, better one does not push it out.
+    old_and_recent = [9.0] * 30 + recent
+    assert _decide(trial_number=31, estimate=good, pool_estimates=old_and_recent,
+                   settings=targeted, last_real_number=29).reason == "periodic_validation"

@@ -109,3 +109,24 @@ def test_non_finite_training_pairs_are_skipped():
 def test_invalid_arguments_are_named(kwargs, name):
     with pytest.raises(ValueError, match=name):
         SimulatorEnsemble(**kwargs)
+
+
+def test_a_bias_fixed_per_value_of_a_small_numeric_knob_is_learned():
+    # tp in {1, 2, 4, 8}: a simulator wrong by an arbitrary factor per value (not smooth in
+    # tp or log tp), as when each parallel layout takes a different code path.
+    factor = {1: 1.0, 2: 1.5, 4: 0.8, 8: 1.3}
+    rng = np.random.default_rng(3)
+    configs = [{"tp": int(rng.choice([1, 2, 4, 8])), "x": float(rng.uniform(0, 1))}
+               for _ in range(80)]
+
+    def true(config):
+        return 100.0 / config["tp"] ** 0.5 * (1.0 + config["x"])
+
+    def simulate(config):
+        return true(config) * factor[config["tp"]]
+
+    train, held_out = configs[:40], configs[40:]
+    ensemble = SimulatorEnsemble(simulate=simulate).fit(train, [true(c) for c in train])
+    predicted = ensemble.predict(held_out)
+    truth = np.array([true(c) for c in held_out])
+    assert np.max(np.abs(predicted / truth - 1.0)) < 0.05

@@ -153,3 +153,31 @@ def test_samplers_see_pruned_trials_as_estimates(monkeypatch):
     assert all(seen[n] == "failed" for n in failed if n in seen)
     complete = [t.number for t in study.trials if t.state == TrialState.COMPLETE]
     assert all(seen[n] == "real" for n in complete if n in seen)
+
+
+def test_ensemble_calibrates_a_constant_bias_away():
+    """Through the study ensemble too: a simulator k times off estimates and decides alike."""
+    definition = studies.load("llm_serving")
+
+    def run(factor):
+        def simulate(trial, config):
+            wobble = 1.0 + 0.2 * math.sin(1.7 * trial.number)  # fixed per trial, not per factor
+            return factor * wobble * definition.measure(config, None)
+
+        study = optuna.create_study(
+            direction=definition.direction, sampler=optuna.samplers.RandomSampler(seed=2),
+            pruner=FidelityPruner(),
+        )
+        objective = from_definition(definition, noise_seed=0, simulate=simulate)
+        study.optimize(objective, n_trials=60, catch=(Infeasible,))
+        return study.get_trials()
+
+    plain, biased = run(1.0), run(2.5)
+    assert [t.state for t in plain] == [t.state for t in biased]
+    assert sum(t.state == TrialState.PRUNED for t in biased) > 5
+    # Before the first real result there is nothing to calibrate against; after it, the
+    # ensemble's offset absorbs the factor.
+    first_real = min(t.number for t in plain if t.state == TrialState.COMPLETE)
+    for a, b in zip(plain[first_real + 1 :], biased[first_real + 1 :], strict=True):
+        if 0 in a.intermediate_values:
+            assert b.intermediate_values[0] == pytest.approx(a.intermediate_values[0], rel=1e-9)

@@ -157,6 +157,7 @@ def test_trial_without_estimate_always_runs_for_real():
         ({"optimism": -1.0}, "optimism"),
         ({"top_fraction": 0.0}, "top_fraction"),
         ({"top_fraction": 1.5}, "top_fraction"),
+        ({"validation_top": 0.0}, "validation_top"),
         ({"validation_period": 0}, "validation_period"),
         ({"validation_period": 2.5}, "validation_period"),
         ({"n_warmup_real": -1}, "n_warmup_real"),
@@ -185,3 +186,36 @@ def test_pruner_pickles_and_a_copy_decides_alike():
     copy = pickle.loads(pickle.dumps(FidelityPruner()))
     for trial in study.get_trials()[-5:]:
         assert copy.decide(study, trial) == FidelityPruner().decide(study, trial)
+
+
+def _ragged_estimate(config):
+    # Right on average, 20% off here and there: a fixed, config-dependent error.
+    return _loss(config) * (1.0 + 0.2 * math.sin(7.0 * config["x"] + 3.0 * config["y"]))
+
+
+@pytest.mark.parametrize("factor", [0.4, 3.0])
+def test_constant_bias_is_calibrated_away(factor):
+    """A simulator off by a constant factor ranks like the unbiased one: same decisions."""
+
+    def run(scale):
+        study = optuna.create_study(
+            sampler=optuna.samplers.RandomSampler(seed=5), pruner=FidelityPruner()
+        )
+        objective = multi_fidelity_objective(
+            _suggest, lambda config: scale * _ragged_estimate(config), _loss
+        )
+        study.optimize(objective, n_trials=80)
+        return study.get_trials()
+
+    unbiased, biased = run(1.0), run(factor)
+    assert [t.state for t in unbiased] == [t.state for t in biased]
+    assert [t.user_attrs.get(REASON) for t in unbiased] == [
+        t.user_attrs.get(REASON) for t in biased
+    ]
+    assert sum(t.state == TrialState.PRUNED for t in biased) > 20
+    for a, b in zip(unbiased[10:], biased[10:], strict=True):
+        error_a, error_b = a.user_attrs["autoscout:sim_error"], b.user_attrs["autoscout:sim_error"]
+        assert error_b == pytest.approx(error_a)
+        scale_a = a.user_attrs["autoscout:sim_error_detail"]["scale"]
+        scale_b = b.user_attrs["autoscout:sim_error_detail"]["scale"]
+        assert scale_b == pytest.approx(scale_a / factor)

@@ -129,6 +129,7 @@ BAD_ARGUMENTS = {
         "rank_error_threshold": [0, 1.5, NAN, "a"],
         "rank_tolerance": [-0.1, 1, NAN, "a"],
         "top_fraction": [0, 1.5, NAN, "a"],
+        "validation_top": [0, 1.5, NAN, "a"],
         "optimism": [-1, NAN, "a"],
         "validation_period": [0, True, 2.5, "a"],
         "n_warmup_real": [-1, 1.5, None, "a"],
