@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                           log=lambda line: print(line, file=sys.stderr, flush=True))
         if args.contender:
             _merge_into_report(suite, frame, args.out / suite.name)
+        if suite.extra_report is not None and not args.quick:
+            suite.extra_report(args.out / suite.name)
         _log_command(args.out, suite.name, command.strip())
         print((args.out / suite.name / "summary.md").read_text(), flush=True)
     return 0

@@ -81,6 +81,8 @@ class Suite:
         n_seeds: Seeds ``0 .. n_seeds - 1``.
         budgets: Trial counts at which the summary reports best/optimum.
         description: One paragraph for the summary's header.
+        extra_report: Called with the suite's results folder after its summary is written
+            (``make bench`` then writes suite-specific tables too); None: nothing more.
         labels: Study labels in tables, one per definition; None derives them from each
             definition's name and options (so two presets of one study differ).
     """
@@ -93,6 +95,7 @@ class Suite:
     budgets: Sequence[int]
     description: str = ""
     labels: Sequence[str] | None = field(default=None)
+    extra_report: Callable[[Path], Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
