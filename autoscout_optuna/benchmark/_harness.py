@@ -117,6 +117,8 @@ class Suite:
             raise ValueError(f"budgets must be trial counts >= 1, got {list(self.budgets)}")
         if self.labels is not None and len(self.labels) != len(self.definitions):
             raise ValueError("labels must have one entry per definition")
+        if self.extra_report is not None and not callable(self.extra_report):
+            raise TypeError(f"extra_report must be callable or None, got {self.extra_report!r}")
         names = [c.name for c in self.contenders]
         if len(set(names)) != len(names):
             raise ValueError(f"contenders must have distinct names, got {names}")

@@ -171,6 +171,7 @@ BAD_ARGUMENTS = {
         "n_trials": [0, 2.5, "a"],
         "n_seeds": [0, "a"],
         "budgets": [[], [0], ["10"], 5],
+        "extra_report": ["real_runs.md"],
     },
 }
 
