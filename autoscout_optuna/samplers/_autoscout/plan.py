@@ -6,6 +6,7 @@ Works on :class:`~autoscout_optuna.samplers._autoscout.reader.Seen` lists only (
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -222,12 +223,13 @@ def refine_choice(
         return None
     potential = potential_from(digest.ledger, estimator=estimator, noise=digest.noise())
     top_key = digest.ledger.incumbent
-    ranked = sorted(potential, key=lambda k: (potential[k], k == top_key), reverse=True)
+    # equivalent to sorted(..., reverse=True)[:TOP_STRUCTURES], without sorting every structure
+    ranked = heapq.nlargest(TOP_STRUCTURES, potential, key=lambda k: (potential[k], k == top_key))
     stale_counts = _stale_counts(history, estimator, digest.noise())
     # Only structures within a reward scale of the incumbent are worth its tuning budget.
     close = potential[top_key] - IMPROVEMENT_SCALE * score_scale(digest.scores)
     choices = []
-    for rank, key in enumerate(ranked[:TOP_STRUCTURES]):
+    for rank, key in enumerate(ranked):
         if choices and potential[key] < close:
             break
         n_dense = sum(1 for n in digest.examples[key].params if n in space.dense)

@@ -25,6 +25,7 @@ from autoscout_optuna.samplers._mcts.tournament import (
     topological_order,
 )
 from autoscout_optuna.samplers._mcts.tree import (
+    ABSENT,
     ESTIMATE,
     FAILED,
     PENDING,
@@ -195,7 +196,7 @@ def _feasible_path(
             codes, n_values, rewards, weights, order, inactive_under, rng, policy,
             failed=failed, partial=partial, repeatable=repeatable,
         )
-        row = np.full(len(n_values), -1)
+        row = np.full(len(n_values), ABSENT)
         for step in steps:
             row[step.column] = step.code
         p_fail = float(model.p_fail(row)[0])
