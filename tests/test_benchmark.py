@@ -296,3 +296,20 @@ def test_a_suite_name_selects_that_suite_and_a_module_name_all_of_its_suites():
                    and m not in {s.name for s in registry.module_suites(m, quick=True)}]
     for module in module_only:
         assert len(registry.find([module], quick=True)) > 1
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_a_suites_extra_report_runs_after_its_summary_except_in_quick_runs(
+        tmp_path, monkeypatch, quick):
+    from autoscout_optuna.benchmark import suites as registry
+
+    seen = []
+
+    def extra_report(directory):  # the summary must already be there to build on
+        seen.append((directory, (directory / "summary.csv").exists()))
+
+    suite = dataclasses.replace(toy_suite(n_trials=4, n_seeds=1), extra_report=extra_report)
+    monkeypatch.setattr(registry, "find", lambda names, *, quick=False: [suite])
+    argv = ["--suite", "toy_suite", "--workers", "1", "--out", str(tmp_path)]
+    assert main(argv + (["--quick"] if quick else [])) == 0
+    assert seen == ([] if quick else [(tmp_path / "toy_suite", True)])
