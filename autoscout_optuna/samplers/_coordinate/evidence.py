@@ -92,6 +92,11 @@ class Settings:
 Snap = Callable[[int, float], float]
 
 
+def snap_point(snap: Snap, point: np.ndarray) -> np.ndarray:
+    """``point`` with every coordinate snapped onto its knob's grid (ints, steps, bounds)."""
+    return np.array([snap(i, u) for i, u in enumerate(point)])
+
+
 def margin_of(noise: float | None, settings: Settings) -> float:
     """Score differences below this are ties: ``confidence`` times the noise."""
     return 0.0 if noise is None else settings.confidence * noise

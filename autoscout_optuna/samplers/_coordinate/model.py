@@ -20,6 +20,7 @@ from autoscout_optuna.samplers._coordinate.evidence import (
     Evidence,
     Snap,
     _is_taken,
+    snap_point,
 )
 
 MODEL_RADII = 3  # trust radius halves per model point around one center, then starts again
@@ -48,14 +49,15 @@ def model_proposal(
         return None
     c = points[center]
     distance = np.max(np.abs(points[real] - c), axis=1)
-    nearest = real[np.argsort(distance, kind="stable")[: 2 * n_terms]]
-    radius = float(np.max(np.abs(points[nearest] - c))) * 0.5 ** (tried % MODEL_RADII)
+    near = np.argsort(distance, kind="stable")[: 2 * n_terms]
+    nearest, near_distance = real[near], distance[near]
+    radius = float(np.max(near_distance)) * 0.5 ** (tried % MODEL_RADII)
     if radius <= 4 * _SAME:
         return None
     scale = max(radius, 1e-9)
     coefficients = _fit(
         (points[nearest] - c) / scale, evidence.scores[nearest], n_terms,
-        weights=1.0 / (1.0 + np.max(np.abs(points[nearest] - c), axis=1) / scale),
+        weights=1.0 / (1.0 + near_distance / scale),
     )
     if coefficients is None:
         return None
@@ -72,7 +74,7 @@ def model_proposal(
     for index in np.argsort(-predicted)[:8]:
         if predicted[index] - at_center <= needed:
             return None
-        point = np.array([snap(i, u) for i, u in enumerate(candidates[index])])
+        point = snap_point(snap, candidates[index])
         if np.max(np.abs(point - c)) > _SAME and not _is_taken(point, points):
             return radius, point
     return None

@@ -28,6 +28,7 @@ from autoscout_optuna.samplers._coordinate.evidence import (
     Evidence,
     Snap,
     _is_taken,
+    snap_point,
 )
 from autoscout_optuna.samplers._coordinate.moves import parabola_vertex
 
@@ -85,7 +86,7 @@ def pattern_proposal(
     t = min(t, reach, wall / 2.0 if np.isfinite(wall) else np.inf)
     if t < _MIN_T or (ts.size and np.min(np.abs(ts - t)) < _MIN_T / 2):
         return None
-    point = np.array([snap(i, u) for i, u in enumerate(c + t * direction)])
+    point = snap_point(snap, c + t * direction)
     if np.max(np.abs(point - c)) <= _SAME or _is_taken(point, evidence.points):
         return None
     return t, point

@@ -64,6 +64,7 @@ from autoscout_optuna.samplers._coordinate.evidence import (
     margin_of,
     point_mean,
     sensitivities,
+    snap_point,
     step_size,
 )
 from autoscout_optuna.samplers._coordinate.model import model_proposal
@@ -98,9 +99,9 @@ def plan_move(
     real = np.flatnonzero(kinds == REAL)
     if real.size == 0:
         if len(kinds) == 0 and start is not None:
-            return Move("startup", np.array([snap(i, u) for i, u in enumerate(start)]))
+            return Move("startup", snap_point(snap, start))
         # The start point is taken (failed or still running elsewhere): try a random one.
-        return Move("startup", np.array([snap(i, u) for i, u in enumerate(rng.random(d))]))
+        return Move("startup", snap_point(snap, rng.random(d)))
     center, top, noise = choose_center(evidence, settings.confidence)
     pending = points[kinds == PENDING]
     # A re-measure the pruner turned into an estimate was judged already (not promising):
@@ -181,7 +182,7 @@ def plan_move(
     fresh = None
     for _ in range(16):  # a restart does not jump over a known wall either
         raw = np.clip(c + rng.normal(0.0, 1.0, size=d) * spread, 0, 1)
-        point = np.array([snap(i, u) for i, u in enumerate(raw)])
+        point = snap_point(snap, raw)
         if _is_taken(point, points):
             # Knobs on a coarse grid (or a tiny scale) snap back onto a point already judged,
             # measured, pruned or running: repeating it would waste the trial. Look wider.
