@@ -97,6 +97,7 @@ class FeatureEncoder:
                     [float(c[spec.name]) if spec.name in c else np.nan for c in configs],
                     dtype=float,
                 )
+                values = raw  # as given: the one-hot levels below compare these (NaN: absent)
                 if spec.log:
                     raw = np.log(np.where(raw > 0, raw, np.nan))
                 z = (raw - spec.mean) / spec.scale
@@ -110,10 +111,7 @@ class FeatureEncoder:
                 if spec.levels:
                     first_level = start + 2 + int(spec.sometimes_missing)
                     for offset, level in enumerate(spec.levels):
-                        raw_level = np.array(
-                            [spec.name in c and float(c[spec.name]) == level for c in configs]
-                        )
-                        matrix[:, first_level + offset] = raw_level
+                        matrix[:, first_level + offset] = values == level
             else:
                 index = {level: i for i, level in enumerate(spec.levels)}
                 for row, config in enumerate(configs):
