@@ -13,7 +13,8 @@ trials are real runs, and only they carry ``true_value``: a pruned trial is neve
 Every run has the same budget of real runs (``REAL_RUN_BUDGET``; simulated trials are cheap,
 so a run stops at its real-run budget or at ``n_trials`` trials, whichever comes first).
 
-``python -m autoscout_optuna.benchmark.suites.fidelity <results dir>`` writes
+``make bench`` writes, after the suite's summary (and
+``python -m autoscout_optuna.benchmark.suites.fidelity <results dir>`` rewrites)
 ``real_runs.md`` (censored seeds made explicit), ``real_runs_per_seed.csv`` and
 ``real_runs_vs_noise.png`` from a finished run's ``trials.csv``, and
 ``ensemble_throughput.json`` (candidates per second the ensemble scores).

@@ -219,9 +219,8 @@ def _first_unseen_path(
             (c for c in order if c not in decided and not _inactive(c, decided, inactive_under)),
             None,
         )
-        if column is None:  # a row off ``reached`` differs from the path in a decided column
-            partial_here = None if known_partial is None else known_partial[reached]
-            return None if _is_duplicate(known[reached], head, partial_here) else head
+        if column is None:  # a leaf: ``unseen`` tests it exactly (and has, before entering)
+            return head if unseen.below(decided, reached) else None
         visited[0] += 1
         if visited[0] > max_nodes:
             return None
