@@ -46,8 +46,8 @@ class Rows:
         self.steps.append(float(step))
 
     def add_move(self, move: search.Move, score: float, kind: int = REAL) -> None:
-        self.add(move.point, score, kind, move.coordinate, move.center, move.phase == "restart",
-                 move.step)
+        moved = search.OFF_AXIS.get(move.phase, move.coordinate)  # as the sampler records it
+        self.add(move.point, score, kind, moved, move.center, move.phase == "restart", move.step)
 
     def evidence(self) -> Evidence:
         return Evidence(

@@ -14,6 +14,13 @@ import numpy as np
 REAL, ESTIMATE, FAILED, PENDING = 0, 1, 2, 3
 PATTERN = -2  # ``moved`` of a pattern move (along the center's travel, not one coordinate)
 MODEL = -3  # ``moved`` of a model move (the best point of a local quadratic fit)
+#: ``moved`` of a slide along a wall: it moves two coordinates, so it says nothing about the step
+#: size of either (a failed slide must not shrink the line search's step).
+SLIDE = -4
+PLATEAU = -5  # ``moved`` of a plateau move (the knobs found flat, redrawn together)
+#: ``moved`` of each move off the axes, by phase (the others record the coordinate they moved).
+OFF_AXIS = {"pattern": PATTERN, "model": MODEL, "slide": SLIDE, "plateau": PLATEAU}
+MAX_FAILED_SLIDES = 2  # failed slides from one wall before it counts as independent of the rest
 RULES = ("cyclic", "random", "sensitivity")
 _SAME = 1e-6  # unit-cube distance below which two coordinates are the same value
 RECENT_REPEATS = 4  # repeated points the noise estimate pools (the most recent ones)
@@ -55,7 +62,7 @@ class Move:
 
     Attributes:
         phase: ``"startup"``, ``"confirm"``, ``"probe"``, ``"step"``, ``"slide"``,
-            ``"pattern"`` or ``"restart"``.
+            ``"pattern"``, ``"plateau"``, ``"model"`` or ``"restart"``.
         point: ``(d,)`` unit-cube point to evaluate.
         coordinate: Index of the coordinate moved, -1 if none (or all, for a restart),
             ``PATTERN`` for a pattern move.

@@ -10,7 +10,9 @@ import numpy as np
 from autoscout_optuna.samplers._coordinate.evidence import (
     _SAME,
     FAILED,
+    MAX_FAILED_SLIDES,
     REAL,
+    SLIDE,
     Evidence,
     Settings,
     Snap,
@@ -210,7 +212,13 @@ def wall_slide(
             points[nearest[key], j] - c[j]
         ):
             nearest[key] = int(row)
+    slid_into_wall = failed[evidence.moved[failed] == SLIDE]
     for (j, _), row in sorted(nearest.items(), key=lambda item: -item[1]):  # recent first
+        # A wall that stopped every slide so far does not yield to the other knobs (a memory
+        # fraction that fails whatever the batch): more slides would only fail again.
+        at_wall = np.abs(points[slid_into_wall, j] - points[row, j]) <= _SAME
+        if int(np.sum(at_wall)) >= MAX_FAILED_SLIDES:
+            continue
         # Only a wall the score climbs towards: the line's other side is clearly worse.
         side = np.sign(points[row, j] - c[j])
         others = np.abs(np.delete(points - c, j, axis=1)).max(axis=1) if d > 1 else 0.0

@@ -20,7 +20,6 @@ from autoscout_optuna._space import MAX_STRUCTURAL_LEVELS, contains, from_unit, 
 from autoscout_optuna._space import to_unit as _to_unit
 from autoscout_optuna.samplers._coordinate import search
 
-_SPECIAL_MOVES = {"pattern": search.PATTERN, "model": search.MODEL}  # moves off the axes
 _MAX_OPEN_PLANS = 256  # plans of trials in flight kept in memory (one per running trial)
 _KINDS = {"real": search.REAL, "estimate": search.ESTIMATE, "failed": search.FAILED,
           "pending": search.PENDING}
@@ -34,8 +33,10 @@ class CoordinateDescentSampler(BaseSampler):
     other side, then the vertex of the parabola through the bracket. Failed trials are walls,
     approached by bisection and never crossed; an apparent improvement within the measurement
     noise is re-measured before the center moves. When every coordinate is resolved the sampler
-    follows the center's travel (a pattern move), then the best point of a quadratic fitted
-    around the center (a model move: curved valleys, coupled knobs), then restarts around it.
+    follows the center's travel (a pattern move), redraws together the knobs found flat around
+    the center (a plateau move: the next stair of a staircase), then the best point of a
+    quadratic fitted around the center (a model move: curved valleys, coupled knobs), then
+    restarts around it.
 
     The structure kept is the one handed over in the trial's system attr
     ``autoscout_optuna._keys.STRUCTURE`` (``{param: value}``, written by an orchestrator before
@@ -43,9 +44,10 @@ class CoordinateDescentSampler(BaseSampler):
     without such an anchor, and every param of a space with no dense knob, go to ``fallback``.
 
     Every decision is stored on the trial: user attrs ``cd:phase`` (startup / confirm / probe /
-    step / slide / pattern / model / restart / fallback), ``cd:coordinate`` (None for moves off
-    the axes), ``cd:step`` (signed, unit cube; for ``pattern`` the multiple ``t`` of the
-    center's travel, for ``model`` the trust radius), ``cd:slope``, ``cd:center`` (trial
+    step / slide / pattern / plateau / model / restart / fallback), ``cd:coordinate`` (None for
+    moves off the axes), ``cd:step`` (signed, unit cube; for ``pattern`` the multiple ``t`` of
+    the center's travel, for ``plateau`` the farthest knob's distance, for ``model`` the trust
+    radius), ``cd:slope``, ``cd:center`` (trial
     number). Nothing else is kept: a resumed or parallel study rebuilds the
     same state from storage (a memo of finished trials only saves re-reading them).
 
@@ -352,7 +354,7 @@ def _evidence(
         points=points,
         scores=np.array([np.nan if o.score is None else o.score for o in rows], dtype=float),
         kinds=np.array([_KINDS[o.kind] for o in rows], dtype=int),
-        moved=np.array([_SPECIAL_MOVES.get(a.get("cd:phase"))
+        moved=np.array([search.OFF_AXIS.get(a.get("cd:phase"))
                         or position.get(a.get("cd:coordinate"), -1) for a in attrs], dtype=int),
         centers=np.array([index_of.get(a.get("cd:center"), -1) for a in attrs], dtype=int),
         restarts=np.array([a.get("cd:phase") == "restart" for a in attrs], dtype=bool),

@@ -30,13 +30,17 @@ The rule, per trial:
 4. **Pattern** (``pattern.py``): when every coordinate line is resolved, a line search along the
    way the center travelled over its last ``d`` moves (Hooke-Jeeves), from ``t = 1``, bisecting
    towards failures; a center found this way continues along its longer travel first.
-5. **Model** (``model.py``): then the best point, within the region its data covers, of a
+5. **Plateau** (``plateau.py``): knobs whose line searches all ended in ties (flat within the
+   noise over a wide interval) are redrawn together within those intervals: a staircase whose
+   next stair needs two flat knobs moved at once (a serving engine's sequence cap and token
+   budget) is invisible to single-coordinate moves and to a quadratic fit.
+6. **Model** (``model.py``): then the best point, within the region its data covers, of a
    quadratic fitted to the points around the center: its cross terms see curved valleys and
    coupled knobs that no axis move can. Model points alternate with restarts.
-6. **Slide**: when the center is pressed against a wall (a failed neighbour along one
+7. **Slide**: when the center is pressed against a wall (a failed neighbour along one
    coordinate), try that neighbour's value with one other coordinate moved: constraints that
    couple knobs (batch size against memory) are followed instead of stopping at them.
-7. **Restart**: perturb all coordinates around the center, each on the scale of its last step,
+8. **Restart**: perturb all coordinates around the center, each on the scale of its last step,
    a scale that doubles with each unsuccessful restart (1x ... 32x, then 1x again).
 """
 
@@ -50,10 +54,13 @@ from autoscout_optuna.samplers._coordinate.evidence import (
     FAILED,
     MAX_LINE_STEPS,
     MODEL,
+    OFF_AXIS,
     PATTERN,
     PENDING,
+    PLATEAU,
     REAL,
     RULES,
+    SLIDE,
     Evidence,
     Move,
     Settings,
@@ -76,10 +83,11 @@ from autoscout_optuna.samplers._coordinate.moves import (
     wall_slide,
 )
 from autoscout_optuna.samplers._coordinate.pattern import pattern_proposal
+from autoscout_optuna.samplers._coordinate.plateau import plateau_proposal
 
 __all__ = [
-    "ESTIMATE", "FAILED", "MODEL", "PATTERN", "PENDING", "REAL", "RULES", "Evidence", "Move",
-    "Settings", "Snap",
+    "ESTIMATE", "FAILED", "MODEL", "OFF_AXIS", "PATTERN", "PENDING", "PLATEAU", "REAL", "RULES", "SLIDE",
+    "Evidence", "Move", "Settings", "Snap",
     "choose_center", "coordinate_order", "line_proposal", "parabola_vertex", "plan_move",
     "sensitivities", "step_size",
 ]
@@ -165,6 +173,12 @@ def plan_move(
     # Every coordinate line is resolved: follow the way the center travelled (a valley).
     if (move := pattern()) is not None:
         return move
+    # Knobs each flat around the center: redraw them together (the next stair of a staircase).
+    plateau = plateau_proposal(evidence, center, score_c, margin_of(noise, settings), snap, rng)
+    if plateau is not None and not _likely_infeasible(
+        plateau[1], c, failed, feasible, settings.wall_radius
+    ):
+        return Move("plateau", plateau[1], PLATEAU, plateau[0], None, center, noise)
     # Then the best point of a quadratic fitted around the center (sees coupled knobs).
     if (move := fitted()) is not None:
         return move
