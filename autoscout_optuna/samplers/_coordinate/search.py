@@ -86,8 +86,8 @@ from autoscout_optuna.samplers._coordinate.pattern import pattern_proposal
 from autoscout_optuna.samplers._coordinate.plateau import plateau_proposal
 
 __all__ = [
-    "ESTIMATE", "FAILED", "MODEL", "OFF_AXIS", "PATTERN", "PENDING", "PLATEAU", "REAL", "RULES", "SLIDE",
-    "Evidence", "Move", "Settings", "Snap",
+    "ESTIMATE", "FAILED", "MODEL", "OFF_AXIS", "PATTERN", "PENDING", "PLATEAU", "REAL", "RULES",
+    "SLIDE", "Evidence", "Move", "Settings", "Snap",
     "choose_center", "coordinate_order", "line_proposal", "parabola_vertex", "plan_move",
     "sensitivities", "step_size",
 ]
