@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from autoscout_optuna.samplers._coordinate import search
+from autoscout_optuna.samplers._coordinate.evidence import MAX_FAILED_SLIDES, SLIDE
 from autoscout_optuna.samplers._coordinate.model import model_proposal
 from autoscout_optuna.samplers._coordinate.pattern import pattern_proposal
+from autoscout_optuna.samplers._coordinate.plateau import flat_intervals
 from autoscout_optuna.samplers._coordinate.search import (
     ESTIMATE,
     FAILED,
@@ -34,9 +36,10 @@ class Rows:
         self.centers: list[int] = []
         self.restarts: list[bool] = []
         self.steps: list[float] = []
+        self.vertex: list[bool] = []
 
     def add(self, point, score=np.nan, kind=REAL, moved=-1, center=-1, restart=False,
-            step=0.0) -> None:
+            step=0.0, vertex=False) -> None:
         self.points.append(np.asarray(point, dtype=float))
         self.scores.append(float(score))
         self.kinds.append(kind)
@@ -44,10 +47,12 @@ class Rows:
         self.centers.append(center)
         self.restarts.append(restart)
         self.steps.append(float(step))
+        self.vertex.append(bool(vertex))
 
     def add_move(self, move: search.Move, score: float, kind: int = REAL) -> None:
         moved = search.OFF_AXIS.get(move.phase, move.coordinate)  # as the sampler records it
-        self.add(move.point, score, kind, moved, move.center, move.phase == "restart", move.step)
+        self.add(move.point, score, kind, moved, move.center, move.phase == "restart", move.step,
+                 move.phase == "step")
 
     def evidence(self) -> Evidence:
         return Evidence(
@@ -58,6 +63,7 @@ class Rows:
             centers=np.array(self.centers, dtype=int),
             restarts=np.array(self.restarts, dtype=bool),
             steps=np.array(self.steps, dtype=float),
+            vertex=np.array(self.vertex, dtype=bool),
         )
 
 
@@ -407,3 +413,59 @@ def test_headroom_off_keeps_the_center_of_the_lower_confidence_bound() -> None:
     move = plan_move(_next_to_a_wall(0.97).evidence(), Settings(headroom=False),
                      np.random.default_rng(0))
     assert move.center == 0
+
+
+def test_a_wall_that_stopped_two_slides_is_not_slid_along_again() -> None:
+    # A memory fraction above 0.8 fails whatever the other knobs are: after two failed slides
+    # from one wall value, sliding along it again would only fail again.
+    def objective(u):
+        return None if u[0] > 0.8 else float(u[0] - 0.1 * np.sum((u[1:] - 0.4) ** 2))
+
+    rows, moves = run(objective, 4, 80)
+    kinds = np.array(rows.kinds)
+    points = np.array(rows.points)
+    slid = [k for k, m in enumerate(moves) if m.phase == "slide" and kinds[k] == FAILED]
+    per_wall: dict[float, int] = {}
+    for k in slid:
+        wall = round(float(points[k, 0]), 6)
+        per_wall[wall] = per_wall.get(wall, 0) + 1
+    assert all(count <= MAX_FAILED_SLIDES for count in per_wall.values()), per_wall
+    # A failed slide says nothing about the step of the knob it moved: no line step shrank.
+    for k in slid:
+        assert rows.moved[k] == SLIDE
+
+
+def _staircase(u: np.ndarray) -> float:
+    """1.0 only where knobs 0 and 1 are both in a band; each alone is flat (0.9 plateau)."""
+    if u[2] < 0.2:
+        return 0.5 + 2.0 * u[2]  # a knob with a slope, to be resolved by its line search
+    both = 0.1 <= u[0] <= 0.4 and 0.55 <= u[1] <= 0.85
+    return 1.0 if both else 0.9
+
+
+def test_flat_intervals_reach_to_the_first_clearly_different_measurement() -> None:
+    rows = Rows(2)
+    rows.add([0.5, 0.5], 0.9)
+    rows.add([0.5, 0.5], 0.9)
+    for u, score in ((0.7, 0.9), (0.3, 0.9), (0.9, 0.5), (0.1, 0.9)):
+        rows.add([u, 0.5], score, moved=0, center=0)
+    rows.add([0.5, 0.55], 0.9, moved=1, center=0)  # knob 1: tied, but only over 0.05
+    intervals = flat_intervals(rows.evidence(), 0, 0.9, margin=0.02)
+    assert set(intervals) == {0}
+    assert intervals[0] == pytest.approx((0.0, 0.9))  # down to the bound, up to the drop
+
+
+def test_plateau_moves_find_a_stair_that_needs_two_flat_knobs_moved_together() -> None:
+    reached, plateau_moves = [], 0
+    for seed in range(6):
+        noise = np.random.default_rng(seed)
+
+        def objective(u, noise=noise):
+            return _staircase(u) * (1.0 + 0.01 * noise.standard_normal())
+
+        rows, moves = run(objective, 3, 80, seed=seed)
+        true = [_staircase(p) for p in rows.points]
+        reached.append(max(true) == 1.0)
+        plateau_moves += sum(m.phase == "plateau" for m in moves)
+    assert sum(reached) >= 5, reached
+    assert plateau_moves > 0

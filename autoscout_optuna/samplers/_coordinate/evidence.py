@@ -41,6 +41,8 @@ class Evidence:
         restarts: ``(n,)`` True for rows proposed as restarts.
         steps: ``(n,)`` the step each trial recorded (for a pattern move: its ``t`` along the
             center's travel); None reads as zeros.
+        vertex: ``(n,)`` True for rows proposed as a line search's parabola vertex (phase
+            ``"step"``); None reads as all False.
     """
 
     points: np.ndarray
@@ -50,10 +52,13 @@ class Evidence:
     centers: np.ndarray
     restarts: np.ndarray
     steps: np.ndarray = field(default=None)  # type: ignore[assignment]
+    vertex: np.ndarray = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.steps is None:
             object.__setattr__(self, "steps", np.zeros(len(self.kinds)))
+        if self.vertex is None:
+            object.__setattr__(self, "vertex", np.zeros(len(self.kinds), dtype=bool))
 
 
 @dataclass(frozen=True)

@@ -31,29 +31,57 @@ _DRAWS = 16  # redraws when a point snaps onto one already tried
 def flat_intervals(
     evidence: Evidence, center: int, score_c: float, margin: float
 ) -> dict[int, tuple[float, float]]:
-    """Per coordinate found flat: the interval, contiguous with the center, over which every
-    measurement on the line through the center is tied with it (within ``margin``)."""
+    """Per coordinate found flat: where to redraw it, as a unit-cube interval.
+
+    The plateau's level is the median of the measurements on the lines through the center:
+    the center's own mean is biased upwards (it won its place among many noisy measurements),
+    and against it every honest neighbour would look lower. Measurements within ``margin`` of
+    that level are ties. Line searches of earlier centers count as well as the current one's,
+    if their typical point is at the plateau's level. Walking out from the center's value, the
+    ties span the plateau; the interval reaches on to the first clearly different measurement
+    (or the bound) on each side: the next stair usually starts just beyond the span a line
+    search saw, where nothing was measured yet.
+    """
     points, kinds, scores = evidence.points, evidence.kinds, evidence.scores
     c = points[center]
-    differ = np.abs(points - c) > _SAME
-    n_differ = differ.sum(axis=1)
+    real = kinds == REAL
+    through_center = real & (np.sum(np.abs(points - c) > _SAME, axis=1) <= 1)
+    level = float(np.median(scores[through_center])) if through_center.any() else score_c
+    tied_score = np.abs(scores - level) <= margin
     out: dict[int, tuple[float, float]] = {}
     for i in range(points.shape[1]):
-        rows = np.flatnonzero((kinds == REAL) & (n_differ == 1) & differ[:, i])
-        if rows.size == 0:
-            continue
-        values, tied = points[rows, i], np.abs(scores[rows] - score_c) <= margin
+        # A line whose typical point is not at the center's level lies elsewhere in the
+        # landscape (one noisy point on it may still look tied).
+        real_rows = np.flatnonzero(real)
+        lines = [real_rows[line] for line in _lines(points[real], i)]
+        rows = np.concatenate(
+            [line for line in lines if abs(np.median(scores[line]) - level) <= margin]
+            or [np.zeros(0, dtype=int)]
+        )
+        values, tied = points[rows, i], tied_score[rows]
         low = high = float(c[i])
-        for side in (-1.0, 1.0):
-            ahead = (values - c[i]) * side > 0
-            order = np.argsort((values[ahead] - c[i]) * side)
+        bounds = [0.0, 1.0]
+        for k, side in enumerate((-1.0, 1.0)):
+            ahead = (values - c[i]) * side > _SAME
+            order = np.argsort((values[ahead] - c[i]) * side, kind="stable")
             for value, ok in zip(values[ahead][order], tied[ahead][order], strict=True):
-                if not ok:
-                    break  # the plateau ends at the first clearly different point
+                if not ok:  # the plateau ends at the first clearly different measurement
+                    bounds[k] = float(value)
+                    break
                 low, high = min(low, float(value)), max(high, float(value))
         if high - low >= MIN_FLAT_WIDTH:
-            out[i] = (low, high)
+            out[i] = (bounds[0], bounds[1])
     return out
+
+
+def _lines(points: np.ndarray, i: int) -> list[np.ndarray]:
+    """Groups (row indices, two or more) of points that differ only in coordinate ``i``."""
+    rest = np.round(np.delete(points, i, axis=1), 6)
+    if rest.shape[0] == 0:
+        return []
+    _, inverse, counts = np.unique(rest, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.ravel()
+    return [np.flatnonzero(inverse == g) for g in np.flatnonzero(counts >= 2)]
 
 
 def plateau_proposal(

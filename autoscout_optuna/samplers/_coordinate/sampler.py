@@ -358,6 +358,7 @@ def _evidence(
                         or position.get(a.get("cd:coordinate"), -1) for a in attrs], dtype=int),
         centers=np.array([index_of.get(a.get("cd:center"), -1) for a in attrs], dtype=int),
         restarts=np.array([a.get("cd:phase") == "restart" for a in attrs], dtype=bool),
+        vertex=np.array([a.get("cd:phase") == "step" for a in attrs], dtype=bool),
         steps=np.array([_as_float(a.get("cd:step", 0.0)) for a in attrs], dtype=float),
     )
     return rows, evidence

@@ -26,7 +26,9 @@ The rule, per trial:
    within the noise (a step too small to see the slope says nothing), halve after a clear loss
    or a failure. Failed points are walls: a probe that would reach one bisects between the
    center and the wall, and no point at or beyond a failure is proposed again. A bracket flat
-   within the noise (a plateau) is probed further out before it counts as resolved.
+   within the noise (a plateau) is probed further out before it counts as resolved; a line
+   whose last ``VERTEX_TIES`` vertices tied with the center is resolved (on a staircase the
+   parabola's vertex is noise, and chasing it cost llm_serving ~6 trials per line).
 4. **Pattern** (``pattern.py``): when every coordinate line is resolved, a line search along the
    way the center travelled over its last ``d`` moves (Hooke-Jeeves), from ``t = 1``, bisecting
    towards failures; a center found this way continues along its longer travel first.
@@ -84,6 +86,10 @@ from autoscout_optuna.samplers._coordinate.moves import (
 )
 from autoscout_optuna.samplers._coordinate.pattern import pattern_proposal
 from autoscout_optuna.samplers._coordinate.plateau import plateau_proposal
+
+#: Parabola vertices in a row that tie with the center (within the noise) before a line counts
+#: as resolved: one tie can be noise, two say the vertex is no longer measurable.
+VERTEX_TIES = 2
 
 __all__ = [
     "ESTIMATE", "FAILED", "MODEL", "OFF_AXIS", "PATTERN", "PENDING", "PLATEAU", "REAL", "RULES",
@@ -154,9 +160,15 @@ def plan_move(
         return move
     for i in coordinate_order(evidence, settings, rng, center):
         on_line = (n_diff == 0) | (diff_coord == i)
-        if np.sum((evidence.moved == i) & (evidence.centers == center)) >= MAX_LINE_STEPS:
+        from_here = (evidence.moved == i) & (evidence.centers == center)
+        if np.sum(from_here) >= MAX_LINE_STEPS:
             continue  # noise keeps moving the vertex: enough on this line
         margin = margin_of(noise, settings)
+        vertices = np.flatnonzero(from_here & evidence.vertex & (kinds == REAL))
+        if vertices.size >= VERTEX_TIES and np.all(
+            np.abs(evidence.scores[vertices[-VERTEX_TIES:]] - score_c) <= margin
+        ):
+            continue  # the vertices tied with the center: the noise hides the rest of this line
         proposal = line_proposal(
             evidence, settings, i, c, score_c, on_line, step_size(evidence, settings, i, margin),
             snap, margin,
