@@ -1,13 +1,14 @@
 """Model moves: a local quadratic fitted to the points around the center, and its best point.
 
-When every line through the center is resolved (coordinates and the pattern line), the
-points measured around the center already describe the landscape there: a quadratic fitted by
+The points measured around the center describe the landscape there: a quadratic fitted by
 least squares to the nearest of them has the cross terms that single-coordinate moves cannot
 see (a curved valley's direction, a coupling between knobs) and averages the noise out. Its
 best point within the region those points cover (a trust region, halved after every model point
-that did not become the center) is the next trial. This is the derivative-free trust-region
-idea (Powell's UOBYQA) reduced to one regression per trial. Pure numpy, no Optuna.
-"""
+that did not become the center) is the next trial: the Levenberg-Marquardt step, which is the
+Newton step when the fit is concave and its maximum lies inside, and bends towards the gradient
+otherwise (a fit that is not concave in some direction still says which way is up). This is
+the derivative-free trust-region idea (Powell's UOBYQA) reduced to one regression per trial.
+Pure numpy, no Optuna."""
 
 from __future__ import annotations
 
@@ -24,25 +25,25 @@ from autoscout_optuna.samplers._coordinate.evidence import (
 )
 
 MODEL_RADII = 3  # trust radius halves per model point around one center, then starts again
-_CANDIDATES = 256  # random points in the trust region the model ranks (besides its optimum)
 
 
 def model_proposal(
-    evidence: Evidence, center: int, snap: Snap, rng: np.random.Generator, margin: float
+    evidence: Evidence, center: int, snap: Snap, margin: float
 ) -> tuple[float, np.ndarray] | None:
     """``(radius, point)``: the fitted quadratic's best point near the center, or None.
 
     None when there are too few points to fit, when the model promises less than ``margin``
     (the noise of one measurement, scaled down by the fit's averaging) over the center, or
-    when the last model point around this center was not followed by a restart yet (model and
-    restart points alternate).
+    when nothing was measured around this center since its last model point (the fit would
+    be the same one).
     """
     points, kinds = evidence.points, evidence.kinds
     d = points.shape[1]
-    tried = int(np.sum((evidence.moved == MODEL) & (evidence.centers == center)))
-    restarts = int(np.sum(evidence.restarts & (evidence.centers == center)))
-    if tried > restarts:
-        return None  # alternate with restarts: they bring the fit new points around the center
+    around = np.flatnonzero(evidence.centers == center)
+    models = around[evidence.moved[around] == MODEL]
+    tried = models.size
+    if tried and around[-1] == models[-1]:
+        return None  # nothing new around the center since its last model point: same fit
     real = np.flatnonzero(kinds == REAL)
     n_terms = 1 + d + d * (d + 1) // 2
     if real.size < n_terms + 2:
@@ -61,23 +62,18 @@ def model_proposal(
     )
     if coefficients is None:
         return None
-    low, high = np.maximum(c - radius, 0.0), np.minimum(c + radius, 1.0)
-    candidates = low + rng.random((_CANDIDATES, d)) * (high - low)
-    newton = _stationary_point(coefficients, d)
-    if newton is not None:
-        candidates = np.vstack([candidates, np.clip(c + newton * scale, low, high)])
-    predicted = _features((candidates - c) / scale) @ coefficients
-    at_center = coefficients[0]
+    gradient, curvature = _derivatives(coefficients, d)
+    step = _trust_region_step(gradient, curvature, 1.0)
+    point = snap_point(snap, np.clip(c + step * scale, 0.0, 1.0))
+    delta = (point - c) / scale
+    promise = float(gradient @ delta + 0.5 * delta @ curvature @ delta)
     # The fit averages its points' noise: a promise a fraction of one measurement's noise is
     # worth a trial (whether it becomes the center is still decided on measurements).
-    needed = margin / np.sqrt(len(nearest))
-    for index in np.argsort(-predicted)[:8]:
-        if predicted[index] - at_center <= needed:
-            return None
-        point = snap_point(snap, candidates[index])
-        if np.max(np.abs(point - c)) > _SAME and not _is_taken(point, points):
-            return radius, point
-    return None
+    if promise <= margin / np.sqrt(len(nearest)):
+        return None
+    if np.max(np.abs(point - c)) <= _SAME or _is_taken(point, points):
+        return None
+    return radius, point
 
 
 def _features(delta: np.ndarray) -> np.ndarray:
@@ -99,13 +95,33 @@ def _fit(delta: np.ndarray, scores: np.ndarray, n_terms: int, weights: np.ndarra
     return coefficients if np.all(np.isfinite(coefficients)) else None
 
 
-def _stationary_point(coefficients: np.ndarray, d: int) -> np.ndarray | None:
-    """Maximum of the fitted quadratic when it is concave, else None."""
-    gradient = coefficients[1 : 1 + d]
+def _derivatives(coefficients: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient and Hessian at the center of the fitted quadratic."""
     hessian = np.zeros((d, d))
     rows, cols = np.triu_indices(d)
     hessian[rows, cols] = coefficients[1 + d:]
     hessian = hessian + hessian.T  # diagonal terms are x_i^2: second derivative 2 * coef
-    if np.any(np.linalg.eigvalsh(hessian) >= 0.0):
-        return None
-    return -np.linalg.solve(hessian, gradient)
+    return coefficients[1 : 1 + d], hessian
+
+
+def _trust_region_step(gradient: np.ndarray, hessian: np.ndarray, radius: float) -> np.ndarray:
+    """Maximizer of ``g.s + s.H.s / 2`` over ``|s| <= radius`` (Levenberg-Marquardt form).
+
+    The step is ``(lam I - H)^-1 g`` with the smallest ``lam >= 0`` that makes the system
+    positive definite and the step fit in the ball: the Newton step when the fit is concave and
+    its maximum is near, a curvature-aware gradient step otherwise.
+    """
+    values, vectors = np.linalg.eigh(-hessian)
+    along = vectors.T @ gradient
+
+    def step_norm(lam: float) -> float:
+        return float(np.linalg.norm(along / (values + lam)))
+
+    low = max(0.0, -float(values.min())) + 1e-12
+    if step_norm(low) > radius:
+        high = low + float(np.linalg.norm(gradient)) / radius + 1e-12  # norm(high) <= radius
+        for _ in range(60):
+            middle = 0.5 * (low + high)
+            low, high = (middle, high) if step_norm(middle) > radius else (low, middle)
+        low = high
+    return vectors @ (along / (values + low))
