@@ -41,7 +41,7 @@ The rule, per trial:
    coupled knobs that no axis move can. Until a trial fails, the model is also asked each
    time a coordinate line is resolved (a center it finds continues with the model): in 10-D a
    cycle of lines costs ~40 trials, and coupled knobs gain little per line (``coupled``
-   benchmark, cd-cyclic: 4/10 -> 10/10 seeds to 99%; ``rosenbrock`` 8/10 -> 10/10). A model
+   benchmark, cd-cyclic: 4/10 -> 8/10 seeds to 99%; ``rosenbrock`` 8/10 -> 10/10). A model
    point waits for new points around its center before the next one.
 7. **Slide**: when the center is pressed against a wall (a failed neighbour along one
    coordinate), try that neighbour's value with one other coordinate moved: constraints that
