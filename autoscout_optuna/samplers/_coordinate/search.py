@@ -182,10 +182,8 @@ def plan_move(
             np.abs(evidence.scores[vertices[-VERTEX_TIES:]] - score_c) <= margin
         ):
             continue  # the vertices tied with the center: the noise hides the rest of this line
-        proposal = line_proposal(
-            evidence, settings, i, c, score_c, on_line, step_size(evidence, settings, i, margin),
-            snap, margin,
-        )
+        step = _line_step(evidence, settings, i, c, margin)
+        proposal = line_proposal(evidence, settings, i, c, score_c, on_line, step, snap, margin)
         if proposal is None:
             continue
         u, phase, slope = proposal
@@ -233,6 +231,25 @@ def plan_move(
     if fresh is not None:
         point = fresh
     return Move("restart", point, -1, radius, None, center, noise)
+
+
+def _line_step(
+    evidence: Evidence, settings: Settings, i: int, c: np.ndarray, margin: float
+) -> float:
+    """First probe distance along ``i``: its adapted step, or farther when the center has moved
+    farther along the other knobs since ``i`` was last searched.
+
+    A step shrunk to where the old line's vertex was says nothing about a line that runs
+    elsewhere now: on a staircase the next stair along ``i`` may have come within reach
+    (a serving engine's token budget matters only once the sequence cap was raised).
+    """
+    step = step_size(evidence, settings, i, margin)
+    rows = np.flatnonzero((evidence.moved == i) & (evidence.centers >= 0))
+    if rows.size == 0 or evidence.points.shape[1] < 2:
+        return step
+    then = evidence.points[evidence.centers[rows[-1]]]
+    travelled = float(np.max(np.abs(np.delete(c - then, i))))
+    return float(np.clip(max(step, travelled), settings.min_step, 0.5))
 
 
 def coordinate_order(
