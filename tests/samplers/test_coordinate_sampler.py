@@ -310,10 +310,10 @@ def _run_valley(storage: str | None, n_trials: int) -> list[optuna.trial.FrozenT
 def test_pattern_and_model_moves_are_recorded_and_resume_reproduces_them(tmp_path) -> None:
     uninterrupted = _run_valley(None, 40)
     url = f"sqlite:///{tmp_path / 'valley.db'}"
-    _run_valley(url, 15)
-    resumed = _run_valley(url, 25)  # a fresh sampler: pattern lines and fits from storage
+    _run_valley(url, 6)
+    resumed = _run_valley(url, 34)  # a fresh sampler: pattern lines and fits from storage
     assert [t.params for t in resumed] == [t.params for t in uninterrupted]
-    later = {t.user_attrs["cd:phase"] for t in resumed[15:]}
+    later = {t.user_attrs["cd:phase"] for t in resumed[6:]}
     assert later & {"pattern", "model"}
     for trial in resumed:
         if trial.user_attrs["cd:phase"] in ("pattern", "model"):

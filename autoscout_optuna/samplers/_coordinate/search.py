@@ -247,6 +247,8 @@ def _line_step(
     rows = np.flatnonzero((evidence.moved == i) & (evidence.centers >= 0))
     if rows.size == 0 or evidence.points.shape[1] < 2:
         return step
+    if np.any(evidence.kinds[rows] == FAILED):
+        return step  # a knob bounded by failures: a longer probe would find the wall again
     then = evidence.points[evidence.centers[rows[-1]]]
     travelled = float(np.max(np.abs(np.delete(c - then, i))))
     return float(np.clip(max(step, travelled), settings.min_step, 0.5))
