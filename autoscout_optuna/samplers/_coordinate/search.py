@@ -214,7 +214,7 @@ def plan_move(
     # narrow perturbation along its steep knobs. Widen with each miss, then start small again.
     margin = margin_of(noise, settings)
     scales = np.array([step_size(evidence, settings, i, margin) for i in range(d)])
-    radius = float(2.0 ** (n_restarts % 6) * settings.restart_radius)
+    radius = float(2.0 ** (n_restarts % 4) * settings.restart_radius)
     spread = np.minimum(radius * scales, 0.5)
     fresh = None
     for _ in range(16):  # a restart does not jump over a known wall either
