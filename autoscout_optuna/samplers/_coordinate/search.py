@@ -218,7 +218,9 @@ def plan_move(
     spread = np.minimum(radius * scales, 0.5)
     fresh = None
     for _ in range(16):  # a restart does not jump over a known wall either
-        raw = np.clip(c + rng.normal(0.0, 1.0, size=d) * spread, 0, 1)
+        raw = c + rng.normal(0.0, 1.0, size=d) * spread
+        raw = np.abs(raw) - 2.0 * np.maximum(np.abs(raw) - 1.0, 0.0)  # reflect at the bounds
+        raw = np.clip(raw, 0, 1)
         point = snap_point(snap, raw)
         if _is_taken(point, points):
             # Knobs on a coarse grid (or a tiny scale) snap back onto a point already judged,
