@@ -85,7 +85,7 @@ def suites(quick: bool = False) -> list[Suite]:
             definitions=definitions,
             contenders=CONTENDERS,
             n_trials=n_trials,
-            n_seeds=2 if quick else 10,
+            n_seeds=2 if quick else 20,
             budgets=[b for b in (25, 50, 100, 200) if b <= n_trials] or [n_trials],
             description=(
                 "Dense refinement with the structure fixed: coordinate descent (three coordinate "

@@ -74,7 +74,7 @@ class CoordinateDescentSampler(BaseSampler):
         min_step: Resolution below which a coordinate counts as resolved (unit cube).
         confidence: Multiple of the noise a single measurement must beat to move the center.
         restart_radius: First restart around a resolved center, in multiples of each
-            coordinate's last step (doubles per miss, up to 32x, then starts again).
+            coordinate's last step (doubles per miss, up to 8x, then starts again).
         headroom: Next to a wall, let a point tied with the center (within the noise) but
             farther from the failure take its place. Pays where a score-neutral knob bounds
             another (memory fraction against batch size: ``fn_throughput`` 22 trials to 99 %

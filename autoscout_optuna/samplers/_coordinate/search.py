@@ -28,7 +28,10 @@ The rule, per trial:
    center and the wall, and no point at or beyond a failure is proposed again. A bracket flat
    within the noise (a plateau) is probed further out before it counts as resolved; a line
    whose last ``VERTEX_TIES`` vertices tied with the center is resolved (on a staircase the
-   parabola's vertex is noise, and chasing it cost llm_serving ~6 trials per line).
+   parabola's vertex is noise, and chasing it cost llm_serving ~6 trials per line). The first
+   probe reaches at least as far as the center travelled along the other knobs since the line
+   was last searched (a step shrunk on a line elsewhere says nothing about this one), unless
+   failures bound the knob.
 4. **Pattern** (``pattern.py``): when every coordinate line is resolved, a line search along the
    way the center travelled over its last ``d`` moves (Hooke-Jeeves), from ``t = 1``, bisecting
    towards failures; a center found this way continues along its longer travel first.
@@ -47,7 +50,8 @@ The rule, per trial:
    coordinate), try that neighbour's value with one other coordinate moved: constraints that
    couple knobs (batch size against memory) are followed instead of stopping at them.
 8. **Restart**: perturb all coordinates around the center, each on the scale of its last step,
-   a scale that doubles with each unsuccessful restart (1x ... 32x, then 1x again).
+   a scale that doubles with each unsuccessful restart (1x ... 8x, then 1x again; wider was
+   uniform sampling piled up on the bounds), reflected at the bounds.
 """
 
 from __future__ import annotations
