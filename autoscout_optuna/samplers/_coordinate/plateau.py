@@ -5,8 +5,11 @@ search along it ends in a tie), and the next stair needs two such knobs moved to
 serving engine gains a batch level only when both the sequence cap and the token budget allow
 it). No single-coordinate move sees that, and a quadratic fitted to flat data promises nothing.
 Moving inside a plateau costs nothing, though: the knobs known to be flat are redrawn together,
-each uniformly within the interval its line search measured as tied with the center, the rest
-held. A point that is better is then confirmed and becomes the center as usual. Pure numpy.
+each uniformly between the first clearly different measurements on either side of the tied
+span its line searches saw (where the next stair may start), the rest held. A point that is
+better is then confirmed and becomes the center as usual. On ``llm_serving`` with its layout
+fixed this took cd-cyclic from 5/10 to 6/10 seeds reaching 99 % (with the other staircase
+fixes of that change, 164.5 -> 37 trials). Pure numpy.
 """
 
 from __future__ import annotations
