@@ -156,4 +156,4 @@ def test_unseen_path_check_agrees_with_enumerating_every_path(seed):
         for path in itertools.product(*(range(n) for n in n_values))
     )
     unseen = _UnseenPaths(codes, partial, n_values, order, {})
-    assert unseen.below({}, np.arange(n_rows)) == expected
+    assert unseen.below({}, unseen.every_row) == expected

@@ -125,7 +125,7 @@ def plan_path(
     # typical once pruned trials fill it): search the tree in preference order for the first
     # configuration no trial took. Without this, the duplicate is proposed again and again.
     unseen = _UnseenPaths(known, known_partial, n_values, order, inactive_under)
-    if not unseen.below({}, np.arange(len(known))):
+    if not unseen.below({}, unseen.every_row):
         return steps  # every path was taken: nothing better than the planned one
     fresh = _first_unseen_path(
         codes, n_values, rewards, weights, order, inactive_under, rng, policy, stats, failed,
@@ -139,34 +139,54 @@ class _UnseenPaths:
     :func:`_first_unseen_path` without scores, a fraction of its cost per node. The scored
     search asks it before entering a child, so it never scores its way through a subtree
     whose paths were all taken (common in small spaces after some hundreds of trials).
-    Answers True once ``max_nodes`` nodes were walked (then the scored search decides)."""
+    Answers True once ``max_nodes`` nodes were walked (then the scored search decides).
+
+    A node's rows are a set of rows of ``known`` held as an int bit mask (bit ``i``: row
+    ``i``): the walk visits hundreds of nodes of a few rows each, where a numpy call per
+    step would cost more than the work, while narrowing a bit mask to a child is one ``&``.
+    """
 
     def __init__(self, known, known_partial, n_values, order, inactive_under,
                  max_nodes: int = 2048) -> None:
-        self._known = known
         self._n_values, self._order, self._inactive_under = n_values, order, inactive_under
         self._left = max_nodes
         # a node's rows follow from its decisions, which both searches make in ``order``, so
         # the decisions as a tuple name the node, and the next column is looked for after them
         self._answers: dict[tuple, bool] = {}
         self._position = {column: i for i, column in enumerate(order)}
-        # Leaves are most of the walk, so their duplicate test (:func:`_is_duplicate` on the
-        # rows that reached them) works on each row's set of present columns as a bit mask.
-        present = known != ABSENT
-        self._pattern = (present * (1 << np.arange(known.shape[1], dtype=object))).sum(axis=1) \
-            if known.shape[1] > 62 else (present * (1 << np.arange(known.shape[1]))).sum(axis=1)
-        self._partial_rows = (np.zeros(len(known), dtype=bool) if known_partial is None
-                              else known_partial)
+        self.every_row = (1 << len(known)) - 1
+        absent = known == ABSENT
+        self._absent = [_bits(absent[:, column]) for column in range(known.shape[1])]
+        # rows that took ``code`` or lack the column: those that reach that child
+        self._open = [
+            [_bits(known[:, column] == code) | self._absent[column] for code in range(n)]
+            for column, n in enumerate(n_values)
+        ]
+        # Leaves are most of the walk: their duplicate test (:func:`_is_duplicate` on the rows
+        # that reached them) looks at each pattern of present columns once, not at each row.
+        partial = (np.zeros(len(known), dtype=bool) if known_partial is None
+                   else np.asarray(known_partial, dtype=bool))
+        patterns = (~absent * (1 << np.arange(known.shape[1], dtype=object))).sum(axis=1) \
+            if known.shape[1] > 62 else (~absent * (1 << np.arange(known.shape[1]))).sum(axis=1)
+        self._patterns = [
+            (int(pattern), _bits((patterns == pattern) & ~partial),
+             _bits((patterns == pattern) & partial))
+            for pattern in np.unique(patterns)
+        ]
 
-    def below(self, decided: dict[int, int], reached: np.ndarray) -> bool:
-        if reached.size == 0:
+    def child(self, reached: int, column: int, code: int) -> int:
+        """The rows of ``reached`` that reach the child ``code`` of a node at ``column``."""
+        return reached & self._open[column][code]
+
+    def below(self, decided: dict[int, int], reached: int) -> bool:
+        if not reached:
             return True  # no row took this prefix: any completion is new
         key = tuple(decided.items())
         if key not in self._answers:
             self._answers[key] = self._walk(decided, reached)
         return self._answers[key]
 
-    def _walk(self, decided: dict[int, int], reached: np.ndarray) -> bool:
+    def _walk(self, decided: dict[int, int], reached: int) -> bool:
         start = max((self._position[c] + 1 for c in decided), default=0)
         column = next((c for c in self._order[start:] if c not in decided
                        and not _inactive(c, decided, self._inactive_under)), None)
@@ -174,21 +194,24 @@ class _UnseenPaths:
             # rows here agree with every decision (or lack the column): a finished row is
             # repeated when it has no other column, a partial one when it has exactly these
             mask = sum(1 << c for c in decided)
-            pattern = self._pattern[reached]
-            repeated = np.where(self._partial_rows[reached], pattern == mask,
-                                (pattern & ~mask) == 0)
-            return not repeated.any()
+            return not any(
+                reached & finished and pattern & ~mask == 0
+                or reached & partial and pattern == mask
+                for pattern, finished, partial in self._patterns
+            )
         self._left -= 1
         if self._left < 0:
             return True
-        taken = self._known[reached, column]
-        n = self._n_values[column]
-        if np.count_nonzero(taken == ABSENT) == 0 and (
-                np.bincount(taken[taken >= 0], minlength=n)[:n] == 0).any():
+        children = [reached & rows for rows in self._open[column]]
+        if not reached & self._absent[column] and not all(children):
             return True  # a child no row took
-        return any(self.below({**decided, column: code},
-                              reached[(taken == code) | (taken == ABSENT)])
-                   for code in range(n))
+        return any(self.below({**decided, column: code}, rows)
+                   for code, rows in enumerate(children))
+
+
+def _bits(mask: np.ndarray) -> int:
+    """A boolean row mask as an int with bit ``i`` set for row ``i``."""
+    return int.from_bytes(np.packbits(mask, bitorder="little").tobytes(), "little")
 
 
 def _first_unseen_path(
@@ -206,10 +229,10 @@ def _first_unseen_path(
     visited = [0]
 
     # ``node``: rows of the whole history at this node (for the scores); ``reached``: the
-    # repeatable rows there (only they can make the path a duplicate). Both are narrowed on
-    # the way down rather than recomputed, which keeps a node's cost proportional to its rows.
-    def search(head: list[Step], node: np.ndarray, reached: np.ndarray) -> list[Step] | None:
-        if reached.size == 0:  # no row took this prefix: complete it the usual way
+    # repeatable rows there (only they can make the path a duplicate; a bit mask of
+    # ``unseen``). Both are narrowed on the way down rather than recomputed.
+    def search(head: list[Step], node: np.ndarray, reached: int) -> list[Step] | None:
+        if not reached:  # no row took this prefix: complete it the usual way
             return head + _descend(
                 codes, n_values, rewards, weights, order, inactive_under, rng, policy, head,
                 stats, failed,
@@ -230,9 +253,8 @@ def _first_unseen_path(
             range(n_values[column]),
             key=lambda c: (allowed is not None and not allowed[c], -scores.score[c], c),
         )
-        taken = known[reached, column]
         for code in ranking:
-            below = reached[(taken == code) | (taken == ABSENT)]
+            below = unseen.child(reached, column, code)
             if not unseen.below({**decided, column: code}, below):
                 continue
             step = Step(column, code, float(scores.score[code]), float(scores.value[code]),
@@ -242,7 +264,7 @@ def _first_unseen_path(
                 return found
         return None
 
-    return search([], np.arange(len(codes)), np.arange(len(known)))
+    return search([], np.arange(len(codes)), unseen.every_row)
 
 
 def _scores_at(codes, n_values, rewards, weights, head, column, policy, stats) -> ChildScores:
