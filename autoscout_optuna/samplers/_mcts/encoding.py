@@ -4,7 +4,7 @@ structural param), and value keys that compare equal across distributions."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +47,11 @@ class Table:
         scores: Oriented score per row (None for failed/pending).
         ask_rank: Mean relative ask position of each column (0 = asked first).
         previous_order: The last recorded tournament winner (param names), if any.
-        params: Every param of each row (structural or not), to tell a repeat of a whole
-            configuration from a known structure met again with other dense values.
+        dense: Per row, the index in ``dense_values`` of its non-structural params: to tell a
+            repeat of a whole configuration from a known structure met again with other
+            dense values.
+        dense_values: Distinct non-structural params of rows, as ``(name, value_key)`` pairs
+            in ask order (many rows share them: explore trials take the incumbent's).
     """
 
     names: list[str]
@@ -60,7 +63,8 @@ class Table:
     scores: list[float | None]
     ask_rank: list[float]
     previous_order: list[str] | None
-    params: list[Mapping[str, Any]] = field(default_factory=list)
+    dense: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    dense_values: list[tuple[tuple[str, Any], ...]] = field(default_factory=list)
 
     def column_of(self, name: str) -> int | None:
         try:
@@ -102,9 +106,10 @@ class TableBuilder:
         self._first_seen: dict[str, tuple[int, int]] = {}
         self._latest: dict[str, tuple[int, BaseDistribution]] = {}
         self._spec: tuple | None = None
-        self._rows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._rows: dict[int, tuple[np.ndarray, ...]] = {}
+        self._dense_ids: dict[tuple[tuple[str, Any], ...], int] = {}
         self._stacked: list[int] = []
-        self._stack: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._stack: tuple[np.ndarray, ...] | None = None
         self._settled = 0
 
     @property
@@ -142,6 +147,7 @@ class TableBuilder:
         )
         if spec != self._spec:
             self._spec, self._rows, self._stacked, self._stack = spec, {}, [], None
+            self._dense_ids = {}
         columns = [name for name, _ in spec]
         distributions = [dist for _, dist in spec]
         values = [discrete_values(dist) for dist in distributions]
@@ -153,10 +159,12 @@ class TableBuilder:
         new = numbers[len(self._stacked):]
         for number in new:
             if number not in self._rows:
-                self._rows[number] = _encode(self._finished[number], index, lookups)
+                self._rows[number] = _encode(
+                    self._finished[number], index, lookups, self._dense_ids
+                )
         parts = [self._rows[n] for n in new]
         if parts:
-            fresh = tuple(np.stack([p[k] for p in parts]) for k in range(3))
+            fresh = tuple(np.stack([p[k] for p in parts]) for k in range(4))
             self._stack = fresh if self._stack is None else tuple(
                 np.concatenate([a, b]) for a, b in zip(self._stack, fresh, strict=True)
             )
@@ -164,17 +172,18 @@ class TableBuilder:
         pending_sorted = sorted(pending, key=lambda o: o.number)
         blocks = [] if self._stack is None else [self._stack]
         if pending_sorted:
-            rows = [_encode(o, index, lookups) for o in pending_sorted]
-            blocks.append(tuple(np.stack([r[k] for r in rows]) for k in range(3)))
+            rows = [_encode(o, index, lookups, self._dense_ids) for o in pending_sorted]
+            blocks.append(tuple(np.stack([r[k] for r in rows]) for k in range(4)))
         p = len(columns)
         if blocks:
-            codes, positions, relative = (
-                np.concatenate([b[k] for b in blocks]) for k in range(3)
+            codes, positions, relative, dense = (
+                np.concatenate([b[k] for b in blocks]) for k in range(4)
             )
         else:
             codes = np.zeros((0, p), dtype=np.int64)
             positions = np.zeros((0, p), dtype=np.int64)
             relative = np.zeros((0, p))
+            dense = np.zeros(0, dtype=np.int64)
         observations = [self._finished[n] for n in numbers] + pending_sorted
         counts = (positions >= 0).sum(axis=0)
         sums = np.where(positions >= 0, relative, 0.0).sum(axis=0)
@@ -195,7 +204,8 @@ class TableBuilder:
             scores=[obs.score for obs in observations],
             ask_rank=ask_rank,
             previous_order=previous_order,
-            params=[obs.params for obs in observations],
+            dense=dense,
+            dense_values=list(self._dense_ids),
         )
 
 
@@ -207,7 +217,11 @@ def _note(obs: Observation, first_seen: dict, latest: dict) -> None:
             latest[name] = (obs.number, dist)
 
 
-def _encode(obs: Observation, index: dict[str, int], lookups: list[dict]) -> tuple:
+def _encode(
+    obs: Observation, index: dict[str, int], lookups: list[dict], dense_ids: dict
+) -> tuple:
+    """The row of ``obs``: codes, ask positions, relative positions, and the id of its
+    non-structural params in ``dense_ids`` (added there when new)."""
     p = len(index)
     codes = np.full(p, ABSENT, dtype=np.int64)
     positions = np.full(p, -1, dtype=np.int64)
@@ -219,4 +233,5 @@ def _encode(obs: Observation, index: dict[str, int], lookups: list[dict]) -> tup
             codes[j] = lookups[j].get(value_key(value), OTHER)
             positions[j] = position
             relative[j] = position / asked
-    return codes, positions, relative
+    dense = tuple((name, value_key(v)) for name, v in obs.params.items() if name not in index)
+    return codes, positions, relative, np.int64(dense_ids.setdefault(dense, len(dense_ids)))

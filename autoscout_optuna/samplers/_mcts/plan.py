@@ -216,26 +216,16 @@ def _feasible_path(
 
 def _same_dense_values(table: Table, fixed: Mapping[str, Any] | None) -> np.ndarray | None:
     """Rows whose every non-structural param has the value ``fixed`` gives it (None: all)."""
-    if fixed is None or len(table.params) != len(table.codes):
+    if fixed is None or len(table.dense) != len(table.codes):
         return None
-    structural = set(table.names)
     wanted = {name: value_key(value) for name, value in fixed.items()}
-    # Most rows differ in some dense value, so the comparison stops early; value_key is called
-    # only on a mismatch of the raw values (it is the slow part, and 4 == 4.0 must still match).
-    same = np.zeros(len(table.params), dtype=bool)
-    for row, params in enumerate(table.params):
-        for name, value in params.items():
-            if name in structural:
-                continue
-            if name not in fixed:
-                break
-            raw = fixed[name]
-            if not (type(raw) is type(value) and raw == value) and (
-                    wanted[name] != value_key(value)):
-                break
-        else:
-            same[row] = True
-    return same
+    # each distinct set of dense values is compared once, then looked up per row
+    same = np.array([all(wanted.get(name, _MISSING) == key for name, key in values)
+                     for values in table.dense_values], dtype=bool)
+    return same[table.dense]
+
+
+_MISSING = object()
 
 
 def decide_unplanned(
