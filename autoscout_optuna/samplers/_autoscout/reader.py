@@ -119,11 +119,18 @@ def _beats(seen: Seen, other: Seen | None) -> bool:
 
 class HistoryReader:
     """Reads a study into :class:`Seen` records, oldest first, memoizing finished trials and
-    keeping a :class:`StudyDigest` of them per study."""
+    keeping a :class:`StudyDigest` of them per study.
+
+    The trials ``0 .. k - 1``, once all finished, are a settled prefix: their records are kept
+    as a list too, so a read walks only the trials after it (the running and the newest ones)
+    instead of looking every trial up in the memo.
+    """
 
     def __init__(self) -> None:
         self._memo: dict[tuple[str, int], tuple[Any, Seen]] = {}
         self._digests: dict[str, StudyDigest] = {}
+        # study -> (k, start time of trial k - 1, records of trials 0 .. k - 1)
+        self._prefixes: dict[str, tuple[int, Any, list[Seen]]] = {}
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[type, tuple[()]]:
@@ -142,23 +149,43 @@ class HistoryReader:
         skip = None if exclude is None else exclude.number
         name = study.study_name
         digest = self._digests.setdefault(name, StudyDigest())
-        history: list[Seen] = []
-        for trial in get_trials(study):
-            if trial.number == skip or trial.system_attrs.get(_keys.ORPHANED):
-                continue  # an orphan (its worker died) was re-run as a new trial: not evidence
-            key = (name, trial.number)
-            hit = self._memo.get(key)
-            if hit is not None:
-                if hit[0] == trial.datetime_start:
-                    history.append(hit[1])
-                    continue
-                # A study recreated under the same name: forget everything about the old one.
-                self._memo = {k: v for k, v in self._memo.items() if k[0] != name}
-                digest = self._digests[name] = StudyDigest()
-                return self._read(study, exclude)
-            seen = seen_of(observation_of(trial, direction))
-            if trial.state.is_finished():
-                seen = seen_of(observation_of(trial, direction), digest.add(seen))
-                self._memo[key] = (trial.datetime_start, seen)
-            history.append(seen)
+        trials = get_trials(study)
+        known, history = self._prefix(name, trials, skip)
+        settled, start, n_records = known, None, len(history)
+        for trial in trials[settled:]:
+            if trial.number == skip:
+                continue
+            # an orphan (its worker died) was re-run as a new trial: not evidence
+            if not trial.system_attrs.get(_keys.ORPHANED):
+                key = (name, trial.number)
+                hit = self._memo.get(key)
+                if hit is not None and hit[0] != trial.datetime_start:
+                    # A study recreated under the same name: forget everything about the old one.
+                    self._memo = {k: v for k, v in self._memo.items() if k[0] != name}
+                    self._prefixes.pop(name, None)
+                    digest = self._digests[name] = StudyDigest()
+                    return self._read(study, exclude)
+                if hit is not None:
+                    seen = hit[1]
+                else:
+                    seen = seen_of(observation_of(trial, direction))
+                    if trial.state.is_finished():
+                        seen = seen_of(observation_of(trial, direction), digest.add(seen))
+                        self._memo[key] = (trial.datetime_start, seen)
+                history.append(seen)
+            if trial.number == settled and trial.state.is_finished():
+                settled, start, n_records = settled + 1, trial.datetime_start, len(history)
+        if settled > known:
+            self._prefixes[name] = (settled, start, history[:n_records])
         return history, digest
+
+    def _prefix(self, name: str, trials: list[FrozenTrial], skip: int | None
+                ) -> tuple[int, list[Seen]]:
+        """The settled prefix of ``trials`` (k, a copy of its records), if still the same."""
+        k, start, records = self._prefixes.get(name, (0, None, []))
+        if k == 0 or k > len(trials) or (skip is not None and skip < k):
+            return 0, []
+        last = trials[k - 1]
+        if last.number != k - 1 or last.datetime_start != start:
+            return 0, []  # not the list read before: walk it all (the memo still helps)
+        return k, list(records)

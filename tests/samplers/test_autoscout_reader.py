@@ -1,0 +1,59 @@
+"""The orchestrator's history reader: a memo of finished trials must read like a fresh one."""
+
+import optuna
+from optuna.trial import TrialState
+
+from autoscout_optuna.samplers._autoscout.reader import HistoryReader
+
+
+def _summary(history):
+    return [(s.number, s.kind, s.score, dict(s.gains)) for s in history]
+
+
+def _ask(study):
+    trial = study.ask()
+    trial.suggest_categorical("layout", ["a", "b"])
+    trial.suggest_float("x", 0.0, 1.0)
+    return trial
+
+
+def test_the_settled_prefix_reads_like_a_walk_over_every_trial():
+    # Trials finish out of order (some stay running across reads), so the prefix of finished
+    # trials stops and grows again; a reader that forgets its prefix before every read walks
+    # every trial through the memo, as the reader did before it kept a prefix.
+    study = optuna.create_study(direction="minimize")
+    kept, walked = HistoryReader(), HistoryReader()
+    running = []
+    for i in range(16):
+        trial = _ask(study)
+        if i % 4 == 1:
+            running.append(trial)
+        elif i % 4 == 2:
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            study.tell(trial, float(i % 5))
+        if i % 3 == 0 and running:
+            study.tell(running.pop(0), 0.5)
+        current = study.trials[-1] if i % 2 else None
+        walked._prefixes.clear()
+        expected = _summary(walked.read(study, exclude=current)[0])
+        assert _summary(kept.read(study, exclude=current)[0]) == expected
+        assert [n for n, *_ in expected] == [
+            t.number for t in study.trials if current is None or t.number != current.number
+        ]
+    assert kept._prefixes[study.study_name][0] < len(study.trials)  # running ones remain
+
+
+def test_a_study_recreated_under_the_same_name_is_read_afresh():
+    storage = optuna.storages.InMemoryStorage()
+    reader = HistoryReader()
+    study = optuna.create_study(storage=storage, study_name="s")
+    for value in (3.0, 2.0, 1.0):
+        study.tell(_ask(study), value)
+    assert len(reader.read(study)[0]) == 3
+    optuna.delete_study(study_name="s", storage=storage)
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    study.tell(_ask(study), 7.0)
+    history, digest = reader.read(study)
+    assert _summary(history) == _summary(HistoryReader().read(study)[0])
+    assert [s.score for s in history] == [7.0] and digest.scores == [7.0]
