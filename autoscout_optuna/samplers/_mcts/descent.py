@@ -179,21 +179,25 @@ class _UnseenPaths:
         return reached & self._open[column][code]
 
     def below(self, decided: dict[int, int], reached: int) -> bool:
+        start = max((self._position[c] + 1 for c in decided), default=0)
+        return self._below(decided, reached, start, sum(1 << c for c in decided))
+
+    def _below(self, decided: dict[int, int], reached: int, start: int, mask: int) -> bool:
+        """``below``, told where in ``order`` to look for the next column (after the last
+        decided one) and the decided columns as a bit mask (the walk keeps both as it goes)."""
         if not reached:
             return True  # no row took this prefix: any completion is new
         key = tuple(decided.items())
         if key not in self._answers:
-            self._answers[key] = self._walk(decided, reached)
+            self._answers[key] = self._walk(decided, reached, start, mask)
         return self._answers[key]
 
-    def _walk(self, decided: dict[int, int], reached: int) -> bool:
-        start = max((self._position[c] + 1 for c in decided), default=0)
+    def _walk(self, decided: dict[int, int], reached: int, start: int, mask: int) -> bool:
         column = next((c for c in self._order[start:] if c not in decided
                        and not _inactive(c, decided, self._inactive_under)), None)
         if column is None:
             # rows here agree with every decision (or lack the column): a finished row is
             # repeated when it has no other column, a partial one when it has exactly these
-            mask = sum(1 << c for c in decided)
             return not any(
                 reached & finished and pattern & ~mask == 0
                 or reached & partial and pattern == mask
@@ -205,7 +209,8 @@ class _UnseenPaths:
         children = [reached & rows for rows in self._open[column]]
         if not reached & self._absent[column] and not all(children):
             return True  # a child no row took
-        return any(self.below({**decided, column: code}, rows)
+        start, mask = self._position[column] + 1, mask | 1 << column
+        return any(self._below({**decided, column: code}, rows, start, mask)
                    for code, rows in enumerate(children))
 
 
