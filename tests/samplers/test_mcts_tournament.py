@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from autoscout_optuna.samplers._mcts.tournament import (
     Dependencies,
+    DependencyLearner,
     candidate_orders,
     explained_spread,
     learn_dependencies,
@@ -49,6 +50,37 @@ def test_without_a_deciding_parent_a_conditional_param_follows_everything_asked_
     deps = learn_dependencies(codes, positions)
     assert deps.must_follow == {2: frozenset({0, 1})}
     assert deps.inactive_under == {}
+
+
+def test_a_failed_row_counts_as_skipping_once_a_later_row_shows_what_comes_after():
+    # Column 2 is asked under column 0 = 1 only. A failed row with column 0 = 0 that also
+    # asked column 1 skipped column 2 only if column 1 comes after column 2 somewhere: the
+    # row that shows it may arrive after the failed one.
+    failed = (np.array([0, 1, ABSENT]), np.array([0, 1, -1]))
+    rows = [(np.array([1, 0, 0]), np.array([0, 2, 1])), (np.array([1, 1, 1]), np.array([0, 2, 1]))]
+    early, late = DependencyLearner(3), DependencyLearner(3)
+    early.add(*failed, complete=False)
+    for codes, positions in rows:
+        early.add(codes, positions)
+        late.add(codes, positions)
+    assert late.dependencies() == Dependencies({}, {})  # nothing skipped column 2 yet
+    late.add(*failed, complete=False)
+    expected = Dependencies({2: frozenset({0})}, {2: {0: frozenset({0})}})
+    assert early.dependencies() == late.dependencies() == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_dependencies_do_not_depend_on_the_order_rows_come_in(seed):
+    codes, positions, _, _ = _conditional_table(n=30, seed=seed)
+    rng = np.random.default_rng(seed)
+    complete = rng.random(30) < 0.7
+    cut = rng.random(30) < 0.3  # failed rows that stopped before their last param
+    positions[cut & ~complete, 1] = -1
+    codes[positions < 0] = ABSENT
+    forward = learn_dependencies(codes, positions, complete)
+    order = rng.permutation(30)
+    assert learn_dependencies(codes[order], positions[order], complete[order]) == forward
 
 
 @settings(max_examples=60, deadline=None)

@@ -13,7 +13,8 @@ from optuna.distributions import BaseDistribution
 
 from autoscout_optuna._history import Observation
 from autoscout_optuna._space import discrete_values
-from autoscout_optuna.samplers._mcts.tree import ABSENT, OTHER
+from autoscout_optuna.samplers._mcts.tournament import Dependencies, DependencyLearner
+from autoscout_optuna.samplers._mcts.tree import ABSENT, ESTIMATE, OTHER, REAL
 
 ORDER_KEY = "mcts:order"
 
@@ -52,6 +53,9 @@ class Table:
             dense values.
         dense_values: Distinct non-structural params of rows, as ``(name, value_key)`` pairs
             in ask order (many rows share them: explore trials take the incumbent's).
+        dependencies: What the finished rows say about conditional params (see
+            :func:`~autoscout_optuna.samplers._mcts.tournament.learn_dependencies`), learned
+            row by row as trials finish; None: not learned yet.
     """
 
     names: list[str]
@@ -65,6 +69,7 @@ class Table:
     previous_order: list[str] | None
     dense: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     dense_values: list[tuple[tuple[str, Any], ...]] = field(default_factory=list)
+    dependencies: Dependencies | None = None
 
     def column_of(self, name: str) -> int | None:
         try:
@@ -108,6 +113,7 @@ class TableBuilder:
         self._spec: tuple | None = None
         self._rows: dict[int, tuple[np.ndarray, ...]] = {}
         self._dense_ids: dict[tuple[tuple[str, Any], ...], int] = {}
+        self._learner = DependencyLearner(0)
         self._stacked: list[int] = []
         self._stack: tuple[np.ndarray, ...] | None = None
         self._settled = 0
@@ -147,7 +153,7 @@ class TableBuilder:
         )
         if spec != self._spec:
             self._spec, self._rows, self._stacked, self._stack = spec, {}, [], None
-            self._dense_ids = {}
+            self._dense_ids, self._learner = {}, DependencyLearner(len(spec))
         columns = [name for name, _ in spec]
         distributions = [dist for _, dist in spec]
         values = [discrete_values(dist) for dist in distributions]
@@ -159,9 +165,9 @@ class TableBuilder:
         new = numbers[len(self._stacked):]
         for number in new:
             if number not in self._rows:
-                self._rows[number] = _encode(
-                    self._finished[number], index, lookups, self._dense_ids
-                )
+                obs = self._finished[number]
+                row = self._rows[number] = _encode(obs, index, lookups, self._dense_ids)
+                self._learner.add(row[0], row[1], complete=obs.kind in (REAL, ESTIMATE))
         parts = [self._rows[n] for n in new]
         if parts:
             fresh = tuple(np.stack([p[k] for p in parts]) for k in range(4))
@@ -206,6 +212,7 @@ class TableBuilder:
             previous_order=previous_order,
             dense=dense,
             dense_values=list(self._dense_ids),
+            dependencies=self._learner.dependencies(),
         )
 
 

@@ -125,6 +125,8 @@ def choose_order(
 
 def learn_dependencies_of(table: Table) -> Dependencies:
     """Dependencies from finished rows; failed rows count only where they skipped a param."""
+    if table.dependencies is not None:
+        return table.dependencies  # learned as the rows came in
     finished = np.array([kind != PENDING for kind in table.kinds], dtype=bool)
     complete = np.array([kind in (REAL, ESTIMATE) for kind in table.kinds], dtype=bool)
     return learn_dependencies(

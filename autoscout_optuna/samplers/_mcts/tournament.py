@@ -46,35 +46,91 @@ def learn_dependencies(
             comes after them elsewhere, else the failure would make every param look
             conditional.
     """
-    n_rows, n_columns = codes.shape
-    complete = np.ones(n_rows, dtype=bool) if complete is None else np.asarray(complete)
-    asked = positions >= 0
-    must_follow: dict[int, frozenset[int]] = {}
-    inactive_under: dict[int, dict[int, frozenset[int]]] = {}
-    for child in range(n_columns):
-        present = asked[:, child]
-        if not present.any():
-            continue
-        later = ((positions > positions[:, child][:, None]) & present[:, None]).any(axis=0)
-        skipped = ~present & (complete | (asked[:, later]).any(axis=1))
-        if not skipped.any():
-            continue  # always asked where it could have been: free to move
-        # Ancestors: asked in every row that asks the child, and always before it.
-        always = asked[present].all(axis=0)
-        before = (positions[present] < positions[present, child][:, None]).all(axis=0)
-        always[child] = False
-        ancestors = np.flatnonzero(always & before).tolist()
-        deciding: dict[int, frozenset[int]] = {}
-        for parent in ancestors:
-            seen_without = set(codes[skipped & asked[:, parent], parent].tolist())
-            if seen_without and seen_without.isdisjoint(codes[present, parent].tolist()):
-                deciding[parent] = frozenset(seen_without)
-        if deciding:
-            must_follow[child] = frozenset(deciding)
-            inactive_under[child] = deciding
-        elif ancestors:
-            must_follow[child] = frozenset(ancestors)
-    return Dependencies(must_follow, inactive_under)
+    learner = DependencyLearner(codes.shape[1])
+    for i in range(len(codes)):
+        learner.add(codes[i], positions[i], True if complete is None else bool(complete[i]))
+    return learner.dependencies()
+
+
+class DependencyLearner:
+    """:func:`learn_dependencies` over rows added one at a time (the history grows by a row
+    per trial; relearning from every row is O(history) per trial). The rows' order does not
+    matter: every fact kept is an "any" or an "all" over rows, or a set of codes.
+
+    For each child column (a param that might be conditional):
+
+    - ``later[child, j]``: some row asking the child asked ``j`` after it;
+    - ``always[child, j]`` / ``before[child, j]``: every row asking the child asked ``j``,
+      and before it (``j`` is an ancestor when both hold);
+    - ``with_[child][j]``: the codes ``j`` took in rows asking the child; ``without[child][j]``
+      the codes ``j`` took in rows that skipped it.
+
+    A row that lacks the child skipped it when it ran to the end, or asked a param that comes
+    after the child elsewhere; a failed row that did neither may still turn out to have skipped
+    it when ``later`` grows, so it waits in ``_unsure``.
+    """
+
+    def __init__(self, n_columns: int) -> None:
+        p = n_columns
+        self._asked_child = np.zeros(p, dtype=bool)
+        self._skipped_child = np.zeros(p, dtype=bool)
+        self._later = np.zeros((p, p), dtype=bool)
+        self._always = np.ones((p, p), dtype=bool)
+        self._before = np.ones((p, p), dtype=bool)
+        self._with: list[list[set[int]]] = [[set() for _ in range(p)] for _ in range(p)]
+        self._without: list[list[set[int]]] = [[set() for _ in range(p)] for _ in range(p)]
+        self._unsure: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(p)]
+
+    def add(self, codes: np.ndarray, positions: np.ndarray, complete: bool = True) -> None:
+        """One row: its codes and ask positions (-1: not asked), and whether it ran to the end."""
+        asked = positions >= 0
+        values = codes.tolist()
+        for child in np.flatnonzero(asked).tolist():
+            self._asked_child[child] = True
+            later = positions > positions[child]
+            grew = bool((later & ~self._later[child]).any())
+            self._later[child] |= later
+            self._always[child] &= asked
+            self._before[child] &= positions < positions[child]
+            for j, code in enumerate(values):
+                self._with[child][j].add(code)
+            if grew:  # failed rows that asked one of the new later params did skip the child
+                unsure, self._unsure[child] = self._unsure[child], []
+                for row in unsure:
+                    self._file_skip(child, *row)
+        for child in np.flatnonzero(~asked).tolist():
+            if complete:
+                self._skip(child, values, asked)
+            else:
+                self._file_skip(child, values, asked)
+
+    def _file_skip(self, child: int, values: list[int], asked: np.ndarray) -> None:
+        if asked[self._later[child]].any():
+            self._skip(child, values, asked)
+        else:
+            self._unsure[child].append((values, asked))
+
+    def _skip(self, child: int, values: list[int], asked: np.ndarray) -> None:
+        self._skipped_child[child] = True
+        for j in np.flatnonzero(asked).tolist():
+            self._without[child][j].add(values[j])
+
+    def dependencies(self) -> Dependencies:
+        must_follow: dict[int, frozenset[int]] = {}
+        inactive_under: dict[int, dict[int, frozenset[int]]] = {}
+        for child in np.flatnonzero(self._asked_child & self._skipped_child).tolist():
+            ancestors = np.flatnonzero(self._always[child] & self._before[child]).tolist()
+            deciding: dict[int, frozenset[int]] = {}
+            for parent in ancestors:
+                seen_without = self._without[child][parent]
+                if seen_without and seen_without.isdisjoint(self._with[child][parent]):
+                    deciding[parent] = frozenset(seen_without)
+            if deciding:
+                must_follow[child] = frozenset(deciding)
+                inactive_under[child] = deciding
+            elif ancestors:
+                must_follow[child] = frozenset(ancestors)
+        return Dependencies(must_follow, inactive_under)
 
 
 def topological_order(
