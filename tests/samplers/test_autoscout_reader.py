@@ -57,3 +57,22 @@ def test_a_study_recreated_under_the_same_name_is_read_afresh():
     history, digest = reader.read(study)
     assert _summary(history) == _summary(HistoryReader().read(study)[0])
     assert [s.score for s in history] == [7.0] and digest.scores == [7.0]
+
+
+def test_the_digest_noise_pools_every_repeated_config_in_the_order_first_measured():
+    import random
+
+    from autoscout_optuna.samplers._autoscout.did import pooled_noise
+    from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
+
+    rng = random.Random(0)
+    digest = StudyDigest()
+    for number in range(300):
+        config = (("x", repr(rng.randrange(60))),)
+        score = rng.gauss(0.0, 1.0) * 1e3
+        seen = Seen(number=number, params={}, distributions={}, kind="real", score=score,
+                    user_attrs={}, structure=(), config=config, arm="refine")
+        digest.add(seen)
+        if number % 7 == 0:
+            expected = pooled_noise([v for v in digest.repeats.values() if len(v) > 1])
+            assert digest.noise() == expected  # the same sum, in the same order: bit for bit

@@ -7,6 +7,7 @@ Works on :class:`~autoscout_optuna.samplers._autoscout.reader.Seen` lists only (
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -275,8 +276,9 @@ def refine_target(
 
 def exploring_succeeds(history: Sequence[Seen], last: int = 5) -> bool:
     """Whether one of the ``last`` finished explore/neighbour trials ended with a value."""
-    kinds = [o.kind for o in reversed(history)
-             if o.arm in ("explore", "neighbour") and o.kind != "pending"][:last]
+    kinds = list(itertools.islice(
+        (o.kind for o in reversed(history)
+         if o.arm in ("explore", "neighbour") and o.kind != "pending"), last))
     return any(kind in ("real", "estimate") for kind in kinds)
 
 

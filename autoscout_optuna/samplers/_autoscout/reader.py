@@ -9,6 +9,7 @@ state: it is dropped on pickling and rebuilt from storage on demand.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
@@ -78,6 +79,10 @@ class StudyDigest:
         self.best: dict[str, Seen] = {}  # kind ("real"/"estimate") -> best trial of that kind
         self.best_with: dict[tuple[str, str], Seen] = {}  # (kind, param) -> best trial having it
         self._noise: float | None = None
+        # The configs measured more than once, by their place in ``repeats`` (the noise sums
+        # them in that order), so the noise need not look at the configs measured once.
+        self._places: dict[tuple[tuple[str, str], ...], int] = {}
+        self._repeated: list[tuple[int, tuple[tuple[str, str], ...]]] = []
 
     def add(self, seen: Seen) -> dict[str, float | None]:
         """Record a finished trial; returns its gains, computed before it joins the ledger."""
@@ -88,8 +93,14 @@ class StudyDigest:
             self.scores.append(seen.score)
             self.examples.setdefault(seen.structure, seen)
         if seen.kind == "real":
-            self.repeats.setdefault(seen.config, []).append(seen.score)
-            self._noise = None
+            group = self.repeats.setdefault(seen.config, [])
+            if not group:
+                self._places[seen.config] = len(self._places)
+            group.append(seen.score)
+            if len(group) == 2:
+                bisect.insort(self._repeated, (self._places[seen.config], seen.config))
+            if len(group) > 1:  # a config measured once says nothing about the noise
+                self._noise = None
         self.distributions.update(seen.distributions)
         if seen.score is not None:
             if _beats(seen, self.best.get(seen.kind)):
@@ -109,7 +120,7 @@ class StudyDigest:
     def noise(self) -> float:
         """Pooled standard deviation of repeated real measurements (recomputed on change)."""
         if self._noise is None:
-            self._noise = pooled_noise([v for v in self.repeats.values() if len(v) > 1])
+            self._noise = pooled_noise([self.repeats[c] for _, c in self._repeated])
         return self._noise
 
 
