@@ -52,23 +52,21 @@ def normalize_rewards(
     Returns:
         ``(rewards, weights)``, two float arrays of the rows' length.
     """
-    n = len(kinds)
-    rewards = np.zeros(n)
-    weights = np.ones(n)
-    scored = np.array([k in (REAL, ESTIMATE) for k in kinds], dtype=bool)
+    kind = np.array(kinds, dtype=str)
+    unknown = ~np.isin(kind, (REAL, ESTIMATE, FAILED, PENDING))
+    if unknown.any():
+        raise ValueError(f"unknown observation kind {str(kind[unknown][0])!r}")
+    rewards = np.zeros(len(kind))
+    weights = np.ones(len(kind))
+    scored = (kind == REAL) | (kind == ESTIMATE)
     if scored.any():
-        values = np.array([scores[i] for i in np.flatnonzero(scored)], dtype=float)
+        values = np.array(scores, dtype=float)[scored]  # None (unscored rows) -> nan, dropped
         rewards[scored] = _average_rank01(values)
-    for i, kind in enumerate(kinds):
-        if kind == ESTIMATE:
-            weights[i] = estimate_weight
-        elif kind == FAILED:
-            rewards[i] = failure_reward
-        elif kind == PENDING:
-            rewards[i] = rewards[scored].min() if scored.any() else 0.0
-            weights[i] = pending_weight
-        elif kind != REAL:
-            raise ValueError(f"unknown observation kind {kind!r}")
+    weights[kind == ESTIMATE] = estimate_weight
+    rewards[kind == FAILED] = failure_reward
+    pending = kind == PENDING
+    rewards[pending] = rewards[scored].min() if scored.any() else 0.0
+    weights[pending] = pending_weight
     return rewards, weights
 
 
