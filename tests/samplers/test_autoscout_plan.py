@@ -83,3 +83,10 @@ def test_failed_refinements_count_as_stale():
 def test_no_choice_before_any_value():
     choice, _, _ = choose([("startup", "a", 0.5, None)])
     assert choice is None
+
+
+def test_ties_in_potential_go_to_the_incumbent_structure_then_to_the_older_one():
+    potential = {"a": 1.0, "b": 2.0, "c": 2.0, "d": 2.0, "e": 0.5, "f": 2.5}
+    assert planning._top_structures(potential, "d", 3) == ["f", "d", "b"]
+    assert planning._top_structures(potential, "a", 4) == ["f", "b", "c", "d"]
+    assert planning._top_structures({"a": 1.0}, "a", 3) == ["a"]

@@ -6,7 +6,6 @@ Works on :class:`~autoscout_optuna.samplers._autoscout.reader.Seen` lists only (
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -224,8 +223,7 @@ def refine_choice(
         return None
     potential = potential_from(digest.ledger, estimator=estimator, noise=digest.noise())
     top_key = digest.ledger.incumbent
-    # equivalent to sorted(..., reverse=True)[:TOP_STRUCTURES], without sorting every structure
-    ranked = heapq.nlargest(TOP_STRUCTURES, potential, key=lambda k: (potential[k], k == top_key))
+    ranked = _top_structures(potential, top_key, TOP_STRUCTURES)
     stale_counts = _stale_counts(history, estimator, digest.noise())
     # Only structures within a reward scale of the incumbent are worth its tuning budget.
     close = potential[top_key] - IMPROVEMENT_SCALE * score_scale(digest.scores)
@@ -240,6 +238,18 @@ def refine_choice(
             return choice
         choices.append(choice)
     return choices[0]
+
+
+def _top_structures(potential: dict[Any, float], top_key: Any, count: int) -> list[Any]:
+    """The ``count`` keys of largest potential, the incumbent structure first on a tie, then
+    the older structure: ``sorted(potential, key=(potential, is top), reverse=True)[:count]``
+    as one array sort (a study has thousands of structures and this runs every trial)."""
+    keys = list(potential)
+    values = np.fromiter(potential.values(), dtype=float, count=len(keys))
+    is_top = np.zeros(len(keys), dtype=bool)
+    is_top[keys.index(top_key)] = True
+    # lexsort is stable: equal keys keep their order, as ``sorted`` does
+    return [keys[i] for i in np.lexsort((~is_top, -values))[:count]]
 
 
 def _stale_counts(history: Sequence[Seen], estimator: str, noise: float) -> dict[Any, int]:
