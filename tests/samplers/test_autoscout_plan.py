@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from autoscout_optuna.samplers._autoscout import plan as planning
@@ -86,7 +87,7 @@ def test_no_choice_before_any_value():
 
 
 def test_ties_in_potential_go_to_the_incumbent_structure_then_to_the_older_one():
-    potential = {"a": 1.0, "b": 2.0, "c": 2.0, "d": 2.0, "e": 0.5, "f": 2.5}
-    assert planning._top_structures(potential, "d", 3) == ["f", "d", "b"]
-    assert planning._top_structures(potential, "a", 4) == ["f", "b", "c", "d"]
-    assert planning._top_structures({"a": 1.0}, "a", 3) == ["a"]
+    values = np.array([1.0, 2.0, 2.0, 2.0, 0.5, 2.5])
+    assert planning._top_structures(values, 3, 3) == [5, 3, 1]
+    assert planning._top_structures(values, 0, 4) == [5, 1, 2, 3]
+    assert planning._top_structures(np.array([1.0]), 0, 3) == [0]

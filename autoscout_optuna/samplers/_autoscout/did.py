@@ -83,12 +83,15 @@ class Ledger:
         self.first: dict[Hashable, float] = {}
         self.best: dict[Hashable, float] = {}
         self.incumbent: Hashable | None = None
+        self.places: dict[Hashable, int] = {}  # structure -> its place in ``first``/``best``
 
     def add(self, outcome: ArmOutcome) -> None:
         if outcome.score is None:
             return
         s = outcome.structure
-        self.first.setdefault(s, outcome.score)
+        if s not in self.first:  # ``first`` and ``best`` gain a structure together
+            self.first[s] = outcome.score
+            self.places[s] = len(self.places)
         if s not in self.best or outcome.score > self.best[s]:
             self.best[s] = outcome.score
         if self.incumbent is None or self.best[s] > self.best[self.incumbent]:
@@ -175,17 +178,24 @@ def structure_potential(
 
 def potential_from(ledger: Ledger, *, estimator: str, noise: float) -> dict[Hashable, float]:
     """:func:`structure_potential` of the outcomes a ledger has seen."""
+    values = potential_values(ledger, estimator=estimator, noise=noise)
+    return dict(zip(ledger.best, values.tolist(), strict=True))
+
+
+def potential_values(ledger: Ledger, *, estimator: str, noise: float) -> np.ndarray:
+    """:func:`potential_from` as an array over the structures in ``ledger.places`` order.
+
+    The formula runs on all structures at once with the float operations it has for one (a
+    study has thousands of structures and the refine arm asks every trial).
+    """
+    best = np.fromiter(ledger.best.values(), dtype=float, count=len(ledger.best))
     if estimator == "naive" or ledger.incumbent is None:
-        return dict(ledger.best)
+        return best
     top = ledger.incumbent
     top_gain = ledger.best[top] - ledger.first[top]
-    # one structure per element, with the same float operations as the formula written out
-    # for one (a study has thousands of structures and this runs every trial)
-    best = np.fromiter(ledger.best.values(), dtype=float, count=len(ledger.best))
-    first = np.fromiter((ledger.first[s] for s in ledger.best), dtype=float, count=len(best))
+    first = np.fromiter(ledger.first.values(), dtype=float, count=len(ledger.first))
     extra = top_gain - (best - first) - 2.0 * noise
-    potential = best + np.where(extra > 0.0, extra, 0.0)  # max(0.0, extra), as Python has it
-    return dict(zip(ledger.best, potential.tolist(), strict=True))
+    return best + np.where(extra > 0.0, extra, 0.0)  # max(0.0, extra), as Python has it
 
 
 def _check_estimator(estimator: str) -> None:

@@ -18,7 +18,7 @@ from autoscout_optuna._space import discrete_values, is_structural
 from autoscout_optuna.samplers._autoscout.bandit import Pull
 from autoscout_optuna.samplers._autoscout.did import (
     IMPROVEMENT_SCALE,
-    potential_from,
+    potential_values,
     reward_of,
     score_scale,
 )
@@ -195,7 +195,8 @@ class RefineChoice:
         stale: Its refinement trials since the last one that gained more than the noise.
         patience: The refinements without gain it gets (``PATIENCE_PER_KNOB`` per dense knob).
         rank: Its place among the structures ranked by potential (0: the best potential).
-        potential: Potential per structure key (``did.structure_potential``).
+        potential: Potential (``did.structure_potential``) of the structures ranked for
+            refinement and of the incumbent structure, by structure key.
     """
 
     key: Any
@@ -221,9 +222,14 @@ def refine_choice(
     """
     if digest.ledger.incumbent is None:
         return None
-    potential = potential_from(digest.ledger, estimator=estimator, noise=digest.noise())
-    top_key = digest.ledger.incumbent
-    ranked = _top_structures(potential, top_key, TOP_STRUCTURES)
+    ledger = digest.ledger
+    top_key = ledger.incumbent
+    values = potential_values(ledger, estimator=estimator, noise=digest.noise())
+    keys = list(ledger.best)
+    top = ledger.places[top_key]
+    ranked = [keys[i] for i in _top_structures(values, top, TOP_STRUCTURES)]
+    # the potentials anyone reads: the ranked structures' and the incumbent structure's
+    potential = {key: float(values[ledger.places[key]]) for key in [*ranked, top_key]}
     stale_counts = _stale_counts(history, estimator, digest.noise())
     # Only structures within a reward scale of the incumbent are worth its tuning budget.
     close = potential[top_key] - IMPROVEMENT_SCALE * score_scale(digest.scores)
@@ -240,16 +246,14 @@ def refine_choice(
     return choices[0]
 
 
-def _top_structures(potential: dict[Any, float], top_key: Any, count: int) -> list[Any]:
-    """The ``count`` keys of largest potential, the incumbent structure first on a tie, then
-    the older structure: ``sorted(potential, key=(potential, is top), reverse=True)[:count]``
-    as one array sort (a study has thousands of structures and this runs every trial)."""
-    keys = list(potential)
-    values = np.fromiter(potential.values(), dtype=float, count=len(keys))
-    is_top = np.zeros(len(keys), dtype=bool)
-    is_top[keys.index(top_key)] = True
+def _top_structures(values: np.ndarray, top: int, count: int) -> list[int]:
+    """Indices of the ``count`` largest ``values``, ``top`` first on a tie, then the lower
+    index: ``sorted(range(n), key=(value, is top), reverse=True)[:count]`` as one array sort
+    (a study has thousands of structures and this runs every trial)."""
+    is_top = np.zeros(len(values), dtype=bool)
+    is_top[top] = True
     # lexsort is stable: equal keys keep their order, as ``sorted`` does
-    return [keys[i] for i in np.lexsort((~is_top, -values))[:count]]
+    return np.lexsort((~is_top, -values))[:count].tolist()
 
 
 def _stale_counts(history: Sequence[Seen], estimator: str, noise: float) -> dict[Any, int]:
