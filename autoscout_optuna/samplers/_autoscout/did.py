@@ -66,7 +66,8 @@ class ArmOutcome:
 
 def score_scale(scores: Sequence[float]) -> float:
     """Robust spread of the scores: inter-decile range, never zero."""
-    values = np.asarray([s for s in scores if s is not None and math.isfinite(s)], dtype=float)
+    values = np.asarray(scores, dtype=float)  # None -> nan
+    values = values[np.isfinite(values)]
     if values.size < 2:
         return 1.0
     low, high = np.quantile(values, [0.1, 0.9])
