@@ -136,24 +136,38 @@ def test_max_backup_values_a_child_by_its_best_result_too():
     assert best.value[1] > best.value[0]
 
 
-@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("seed", range(60))
 def test_unseen_path_check_agrees_with_enumerating_every_path(seed):
-    # The fast walk (bit masks at the leaves, memoized nodes) must give the same answer as
-    # testing every complete path with `_is_duplicate`, also with absent and partial rows.
-    import itertools
-
+    # The fast walk (bit masks, memoized nodes, leaves tested in bulk) must give the same
+    # answer as testing every complete path with `_is_duplicate`, also with absent and partial
+    # rows, and with columns skipped under some value of an earlier one.
     from autoscout_optuna.samplers._mcts.descent import Step, _is_duplicate, _UnseenPaths
 
     rng = np.random.default_rng(seed)
-    n_values = [int(v) for v in rng.integers(2, 4, size=3)]
-    n_rows = int(rng.integers(1, 40))
+    n_columns = 3 + seed % 2
+    n_values = [int(v) for v in rng.integers(2, 4, size=n_columns)]
+    n_rows = int(rng.integers(1, 100))
     codes = np.stack([rng.integers(0, n, size=n_rows) for n in n_values], axis=1)
     codes[rng.random(codes.shape) < 0.1] = ABSENT
     partial = rng.random(n_rows) < 0.3
-    order = list(rng.permutation(3))
+    order = [int(c) for c in rng.permutation(n_columns)]
+    inactive = {}
+    if seed % 3:  # the last column is skipped under value 0 of the first
+        inactive = {order[-1]: {order[0]: frozenset({0})}}
+        codes[codes[:, order[0]] == 0, order[-1]] = ABSENT
+
+    def paths(decided):
+        rest = [c for c in order if c not in decided
+                and not any(decided.get(p) in v for p, v in inactive.get(c, {}).items())]
+        if not rest:
+            yield decided
+            return
+        for code in range(n_values[rest[0]]):
+            yield from paths({**decided, rest[0]: code})
+
     expected = any(
-        not _is_duplicate(codes, [Step(c, v, 0, 0, 0) for c, v in enumerate(path)], partial)
-        for path in itertools.product(*(range(n) for n in n_values))
+        not _is_duplicate(codes, [Step(c, v, 0, 0, 0) for c, v in path.items()], partial)
+        for path in paths({})
     )
-    unseen = _UnseenPaths(codes, partial, n_values, order, {})
+    unseen = _UnseenPaths(codes, partial, n_values, order, inactive)
     assert unseen.below({}, unseen.every_row) == expected

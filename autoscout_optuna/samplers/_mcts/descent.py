@@ -193,16 +193,9 @@ class _UnseenPaths:
         return self._answers[key]
 
     def _walk(self, decided: dict[int, int], reached: int, start: int, mask: int) -> bool:
-        column = next((c for c in self._order[start:] if c not in decided
-                       and not _inactive(c, decided, self._inactive_under)), None)
+        column = self._next_column(decided, start)
         if column is None:
-            # rows here agree with every decision (or lack the column): a finished row is
-            # repeated when it has no other column, a partial one when it has exactly these
-            return not any(
-                reached & finished and pattern & ~mask == 0
-                or reached & partial and pattern == mask
-                for pattern, finished, partial in self._patterns
-            )
+            return self._leaf_is_new(reached, mask)
         self._left -= 1
         if self._left < 0:
             return True
@@ -210,8 +203,30 @@ class _UnseenPaths:
         if not reached & self._absent[column] and not all(children):
             return True  # a child no row took
         start, mask = self._position[column] + 1, mask | 1 << column
+        if self._next_column(decided, start) is None:
+            # Nothing is left to ask even before this column's value is known (a value only
+            # skips more), so every child is a leaf: its answer depends on its rows alone and
+            # costs no budget, so it needs no entry in the memo.
+            return any(not rows or self._leaf_is_new(rows, mask) for rows in children)
         return any(self._below({**decided, column: code}, rows, start, mask)
                    for code, rows in enumerate(children))
+
+    def _next_column(self, decided: dict[int, int], start: int) -> int | None:
+        """The column a node asks next: the first one from ``start`` on in the order (every
+        decided column comes before it) that the decisions do not skip."""
+        for column in self._order[start:]:
+            if not _inactive(column, decided, self._inactive_under):
+                return column
+        return None
+
+    def _leaf_is_new(self, reached: int, mask: int) -> bool:
+        # rows here agree with every decision (or lack the column): a finished row is repeated
+        # when it has no other column, a partial one when it has exactly these
+        return not any(
+            reached & finished and pattern & ~mask == 0
+            or reached & partial and pattern == mask
+            for pattern, finished, partial in self._patterns
+        )
 
 
 def _bits(mask: np.ndarray) -> int:
