@@ -163,11 +163,13 @@ class _UnseenPaths:
             for column, n in enumerate(n_values)
         ]
         # Leaves are most of the walk: their duplicate test (:func:`_is_duplicate` on the rows
-        # that reached them) looks at each pattern of present columns once, not at each row.
+        # that reached them) is one ``&`` with the rows that repeat a leaf of their decided
+        # columns, found from the patterns of present columns once per set of columns.
         partial = (np.zeros(len(known), dtype=bool) if known_partial is None
                    else np.asarray(known_partial, dtype=bool))
         patterns = (~absent * (1 << np.arange(known.shape[1], dtype=object))).sum(axis=1) \
             if known.shape[1] > 62 else (~absent * (1 << np.arange(known.shape[1]))).sum(axis=1)
+        self._leaf_rows: dict[int, int] = {}
         self._patterns = [
             (int(pattern), _bits((patterns == pattern) & ~partial),
              _bits((patterns == pattern) & partial))
@@ -195,7 +197,7 @@ class _UnseenPaths:
     def _walk(self, decided: dict[int, int], reached: int, start: int, mask: int) -> bool:
         column = self._next_column(decided, start)
         if column is None:
-            return self._leaf_is_new(reached, mask)
+            return not reached & self._repeaters(mask)
         self._left -= 1
         if self._left < 0:
             return True
@@ -207,7 +209,8 @@ class _UnseenPaths:
             # Nothing is left to ask even before this column's value is known (a value only
             # skips more), so every child is a leaf: its answer depends on its rows alone and
             # costs no budget, so it needs no entry in the memo.
-            return any(not rows or self._leaf_is_new(rows, mask) for rows in children)
+            repeaters = self._repeaters(mask)
+            return any(not rows & repeaters for rows in children)
         return any(self._below({**decided, column: code}, rows, start, mask)
                    for code, rows in enumerate(children))
 
@@ -219,14 +222,20 @@ class _UnseenPaths:
                 return column
         return None
 
-    def _leaf_is_new(self, reached: int, mask: int) -> bool:
-        # rows here agree with every decision (or lack the column): a finished row is repeated
-        # when it has no other column, a partial one when it has exactly these
-        return not any(
-            reached & finished and pattern & ~mask == 0
-            or reached & partial and pattern == mask
-            for pattern, finished, partial in self._patterns
-        )
+    def _repeaters(self, mask: int) -> int:
+        """The rows a leaf with decided columns ``mask`` repeats if they reach it (they agree
+        with every decision or lack the column): a finished row that has no other column, a
+        partial one that has exactly these."""
+        rows = self._leaf_rows.get(mask)
+        if rows is None:
+            rows = 0
+            for pattern, finished, partial in self._patterns:
+                if pattern & ~mask == 0:
+                    rows |= finished
+                if pattern == mask:
+                    rows |= partial
+            self._leaf_rows[mask] = rows
+        return rows
 
 
 def _bits(mask: np.ndarray) -> int:
