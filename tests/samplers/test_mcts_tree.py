@@ -171,3 +171,6 @@ def test_unseen_path_check_agrees_with_enumerating_every_path(seed):
     )
     unseen = _UnseenPaths(codes, partial, n_values, order, inactive)
     assert unseen.below({}, unseen.every_row) == expected
+    for path in paths({}):
+        steps = [Step(c, v, 0, 0, 0) for c, v in path.items()]
+        assert unseen.repeats(steps) == _is_duplicate(codes, steps, partial)

@@ -96,6 +96,9 @@ def plan_path(
     )
     if not _is_duplicate(known, steps, known_partial):
         return steps
+    # The revisions below ask the same question again and again, and the search after them
+    # walks the same rows: both use the bit masks of one _UnseenPaths.
+    unseen = _UnseenPaths(known, known_partial, n_values, order, inactive_under)
     budget = policy.max_backtracks
     for level in range(len(steps) - 1, -1, -1):
         head = steps[:level]
@@ -117,14 +120,13 @@ def plan_path(
                 codes, n_values, rewards, weights, order, inactive_under, rng, policy,
                 candidate, stats, failed,
             )
-            if not _is_duplicate(known, candidate, known_partial):
+            if not unseen.repeats(candidate):
                 return candidate
         if budget <= 0:
             break
     # Every bounded revision landed on a known configuration (a well-trodden part of the tree,
     # typical once pruned trials fill it): search the tree in preference order for the first
     # configuration no trial took. Without this, the duplicate is proposed again and again.
-    unseen = _UnseenPaths(known, known_partial, n_values, order, inactive_under)
     if not unseen.below({}, unseen.every_row):
         return steps  # every path was taken: nothing better than the planned one
     fresh = _first_unseen_path(
@@ -179,6 +181,14 @@ class _UnseenPaths:
     def child(self, reached: int, column: int, code: int) -> int:
         """The rows of ``reached`` that reach the child ``code`` of a node at ``column``."""
         return reached & self._open[column][code]
+
+    def repeats(self, steps: Sequence[Step]) -> bool:
+        """:func:`_is_duplicate` of the path ``steps`` on ``known``."""
+        rows, mask = self.every_row, 0
+        for step in steps:
+            rows &= self._open[step.column][step.code]
+            mask |= 1 << step.column
+        return bool(rows & self._repeaters(mask))
 
     def below(self, decided: dict[int, int], reached: int) -> bool:
         start = max((self._position[c] + 1 for c in decided), default=0)
