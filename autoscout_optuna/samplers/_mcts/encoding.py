@@ -114,9 +114,14 @@ class TableBuilder:
         self._rows: dict[int, tuple[np.ndarray, ...]] = {}
         self._dense_ids: dict[tuple[tuple[str, Any], ...], int] = {}
         self._learner = DependencyLearner(0)
-        self._stacked: list[int] = []
-        self._stack: tuple[np.ndarray, ...] | None = None
+        self._clear_stack()
         self._settled = 0
+
+    def _clear_stack(self) -> None:
+        self._stacked: list[int] = []  # numbers of the stacked rows, in order
+        self._stack: tuple[np.ndarray, ...] | None = None
+        self._stacked_kinds: list[str] = []  # kinds and scores of the stacked rows, in order
+        self._stacked_scores: list[float | None] = []
 
     @property
     def n_settled(self) -> int:
@@ -152,7 +157,8 @@ class TableBuilder:
             if self._structural(name, latest[name][1])
         )
         if spec != self._spec:
-            self._spec, self._rows, self._stacked, self._stack = spec, {}, [], None
+            self._spec, self._rows = spec, {}
+            self._clear_stack()
             self._dense_ids, self._learner = {}, DependencyLearner(len(spec))
         columns = [name for name, _ in spec]
         distributions = [dist for _, dist in spec]
@@ -161,7 +167,7 @@ class TableBuilder:
         index = {name: j for j, name in enumerate(columns)}
         numbers = sorted(self._finished)
         if self._stacked != numbers[: len(self._stacked)]:
-            self._stacked, self._stack = [], None  # a trial finished out of order: restack
+            self._clear_stack()  # a trial finished out of order: restack
         new = numbers[len(self._stacked):]
         for number in new:
             if number not in self._rows:
@@ -175,6 +181,8 @@ class TableBuilder:
                 np.concatenate([a, b]) for a, b in zip(self._stack, fresh, strict=True)
             )
             self._stacked = numbers
+            self._stacked_kinds += [self._finished[n].kind for n in new]
+            self._stacked_scores += [self._finished[n].score for n in new]
         pending_sorted = sorted(pending, key=lambda o: o.number)
         blocks = [] if self._stack is None else [self._stack]
         if pending_sorted:
@@ -190,7 +198,6 @@ class TableBuilder:
             positions = np.zeros((0, p), dtype=np.int64)
             relative = np.zeros((0, p))
             dense = np.zeros(0, dtype=np.int64)
-        observations = [self._finished[n] for n in numbers] + pending_sorted
         counts = (positions >= 0).sum(axis=0)
         sums = np.where(positions >= 0, relative, 0.0).sum(axis=0)
         ask_rank = [float(sums[j] / counts[j]) if counts[j] else 1.0 for j in range(p)]
@@ -206,8 +213,8 @@ class TableBuilder:
             values=values,
             codes=codes,
             positions=positions,
-            kinds=[obs.kind for obs in observations],
-            scores=[obs.score for obs in observations],
+            kinds=self._stacked_kinds + [obs.kind for obs in pending_sorted],
+            scores=self._stacked_scores + [obs.score for obs in pending_sorted],
             ask_rank=ask_rank,
             previous_order=previous_order,
             dense=dense,
