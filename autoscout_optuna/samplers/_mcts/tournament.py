@@ -177,24 +177,46 @@ def explained_spread(
     The adjustment charges each extra group, so a param with many values does not win by
     splitting the rows finely by chance.
     """
-    n = len(rewards)
-    if n < 3 or weights.sum() <= 0:
-        return 0.0
-    groups = group_ids(codes, columns)
-    k_max = int(groups.max()) + 1
-    mean = float(np.dot(weights, rewards) / weights.sum())
-    total = float(np.sum(weights * (rewards - mean) ** 2))
-    if total <= 1e-12:
-        return 0.0
-    w_group = np.bincount(groups, weights=weights, minlength=k_max)
-    s_group = np.bincount(groups, weights=weights * rewards, minlength=k_max)
-    nonzero = w_group > 0
-    k = int(np.count_nonzero(np.bincount(groups, minlength=k_max)))
-    between = float(np.sum(w_group[nonzero] * (s_group[nonzero] / w_group[nonzero] - mean) ** 2))
-    r2 = between / total
-    if n - k <= 0:
-        return -1.0
-    return 1.0 - (1.0 - r2) * (n - 1) / (n - k)
+    return SpreadOfRows(codes, rewards, weights)(columns)
+
+
+class SpreadOfRows:
+    """:func:`explained_spread` of column sets on the same rows: the rows' weighted mean and
+    total spread are computed once, and each column set's answer once (a tournament round
+    scores several orderings that share their top levels on one resample)."""
+
+    def __init__(self, codes: np.ndarray, rewards: np.ndarray, weights: np.ndarray) -> None:
+        self._codes, self._weights, self._n = codes, weights, len(rewards)
+        self._total = 0.0  # nothing to explain
+        if not (self._n < 3 or weights.sum() <= 0):
+            self._mean = float(np.dot(weights, rewards) / weights.sum())
+            self._total = float(np.sum(weights * (rewards - self._mean) ** 2))
+            self._weighted = weights * rewards
+        self._answers: dict[tuple[int, ...], float] = {}
+
+    def __call__(self, columns: Sequence[int]) -> float:
+        key = tuple(columns)
+        if key not in self._answers:
+            self._answers[key] = self._explained(key)
+        return self._answers[key]
+
+    def _explained(self, columns: tuple[int, ...]) -> float:
+        if self._total <= 1e-12:
+            return 0.0
+        n, mean = self._n, self._mean
+        groups = group_ids(self._codes, columns)
+        k_max = int(groups.max()) + 1
+        w_group = np.bincount(groups, weights=self._weights, minlength=k_max)
+        s_group = np.bincount(groups, weights=self._weighted, minlength=k_max)
+        nonzero = w_group > 0
+        k = int(np.count_nonzero(np.bincount(groups, minlength=k_max)))
+        between = float(
+            np.sum(w_group[nonzero] * (s_group[nonzero] / w_group[nonzero] - mean) ** 2)
+        )
+        r2 = between / self._total
+        if n - k <= 0:
+            return -1.0
+        return 1.0 - (1.0 - r2) * (n - 1) / (n - k)
 
 
 def group_ids(codes: np.ndarray, columns: Sequence[int]) -> np.ndarray:
@@ -212,22 +234,10 @@ def group_ids(codes: np.ndarray, columns: Sequence[int]) -> np.ndarray:
     return key
 
 
-def ordering_score(
-    codes: np.ndarray, rewards: np.ndarray, weights: np.ndarray, order: Sequence[int],
-    depth: int, memo: dict[tuple[int, ...], float] | None = None,
-) -> float:
-    """Sum over the top 1..``depth`` levels of the spread they explain (top level counts most).
-
-    ``memo`` shares the spread of equal top levels between orderings scored on the same rows.
-    """
-    memo = {} if memo is None else memo
-    total = 0.0
-    for level in range(1, min(depth, len(order)) + 1):
-        top = tuple(order[:level])
-        if top not in memo:
-            memo[top] = explained_spread(codes, rewards, weights, top)
-        total += memo[top]
-    return total
+def ordering_score(spread: SpreadOfRows, order: Sequence[int], depth: int) -> float:
+    """Sum over the top 1..``depth`` levels of the spread they explain on ``spread``'s rows
+    (top level counts most)."""
+    return sum(spread(order[:level]) for level in range(1, min(depth, len(order)) + 1))
 
 
 def candidate_orders(
@@ -248,9 +258,8 @@ def candidate_orders(
     """
     n_columns = codes.shape[1]
     follow = dependencies.must_follow
-    impact = np.array(
-        [explained_spread(codes, rewards, weights, [c]) for c in range(n_columns)]
-    )
+    spread = SpreadOfRows(codes, rewards, weights)
+    impact = np.array([spread([c]) for c in range(n_columns)])
     orders: list[list[int]] = []
 
     def add(priority: Sequence[float]) -> None:
@@ -295,12 +304,11 @@ def run_tournament(
     last_score = 0.0
     n = len(rewards)
     if len(alive) == 1:
-        return 0, ordering_score(codes, rewards, weights, candidates[0], depth)
+        return 0, ordering_score(SpreadOfRows(codes, rewards, weights), candidates[0], depth)
     while len(alive) > 1:
         rows = rng.integers(0, n, n) if n > 0 else np.arange(0)
-        sample = codes[rows], rewards[rows], weights[rows]
-        memo: dict[tuple[int, ...], float] = {}
-        scores = [ordering_score(*sample, candidates[i], depth, memo) for i in alive]
+        spread = SpreadOfRows(codes[rows], rewards[rows], weights[rows])
+        scores = [ordering_score(spread, candidates[i], depth) for i in alive]
         keep = math.ceil(len(alive) / 2) if len(alive) > 2 else 1
         ranked = sorted(range(len(alive)), key=lambda j: (-scores[j], alive[j]))[:keep]
         last_score = scores[ranked[0]]
