@@ -190,8 +190,9 @@ class HistoryReader:
             self._prefixes[name] = (settled, start, history[:n_records])
         return history, digest
 
-    def _prefix(self, name: str, trials: list[FrozenTrial], skip: int | None
-                ) -> tuple[int, list[Seen]]:
+    def _prefix(
+        self, name: str, trials: list[FrozenTrial], skip: int | None
+    ) -> tuple[int, list[Seen]]:
         """The settled prefix of ``trials`` (k, a copy of its records), if still the same."""
         k, start, records = self._prefixes.get(name, (0, None, []))
         if k == 0 or k > len(trials) or (skip is not None and skip < k):
