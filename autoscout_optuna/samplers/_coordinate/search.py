@@ -17,9 +17,10 @@ The rule, per trial:
    but bounds another (memory fraction against batch size) then leaves the other knob room.
 2. **Coordinate**: the line being searched stays until resolved; then the next coordinate in
    cyclic order (default), uniformly at random, or weighted by the score change each produced.
-   In the ``coordinate`` benchmark (10 seeds) cyclic is first or tied on 3 of 7 studies
-   (sphere, ellipsoid, llm_training), sensitivity on 3, random on 1 (throughput); most gaps
-   are within seed-to-seed spread, so the simplest rule stays the default.
+   In the ``coordinate`` benchmark (20 seeds, trials to 99 %) cyclic is first or tied on 4 of 7
+   studies (sphere 18, ellipsoid 32, Rosenbrock 52.5, llm_training 2), sensitivity on 2
+   (coupled 102 vs 106, llm_serving 38 vs 45) and random on 1 (throughput 58.5 vs 69.5);
+   sensitivity is worst on throughput (138), random on ellipsoid (57), so cyclic stays.
 3. **Line search** on the line through the center along that coordinate: probe one side (the
    direction of the estimated slope), then the other; once bracketed, jump to the vertex of the
    parabola through the center and its two neighbours. Steps double after a success or a tie
