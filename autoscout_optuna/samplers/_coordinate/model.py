@@ -117,7 +117,10 @@ def _trust_region_step(gradient: np.ndarray, hessian: np.ndarray, radius: float)
     def step_norm(lam: float) -> float:
         return float(np.linalg.norm(along / (values + lam)))
 
-    low = max(0.0, -float(values.min())) + 1e-12
+    low = max(0.0, -float(values.min()))
+    # Just past the most negative eigenvalue, relative to the spectrum: an absolute 1e-12 is
+    # lost in rounding next to a curvature of 1e3 and the division meets a zero.
+    low += 1e-9 * max(low, float(np.max(np.abs(values))), 1.0)
     if step_norm(low) > radius:
         high = low + float(np.linalg.norm(gradient)) / radius + 1e-12  # norm(high) <= radius
         for _ in range(60):
