@@ -94,7 +94,7 @@ class Settings:
     rule: str = "cyclic"
     initial_step: float = 0.25
     min_step: float = 1e-3
-    confidence: float = 2.0
+    confidence: float = 1.75
     wall_radius: float = 0.02
     restart_radius: float = 1.0
     resolve_fraction: float = 0.02
