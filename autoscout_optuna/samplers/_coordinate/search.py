@@ -17,10 +17,10 @@ The rule, per trial:
    but bounds another (memory fraction against batch size) then leaves the other knob room.
 2. **Coordinate**: the line being searched stays until resolved; then the next coordinate in
    cyclic order (default), uniformly at random, or weighted by the score change each produced.
-   In the ``coordinate`` benchmark (20 seeds, trials to 99 %) cyclic is first or tied on 4 of 7
-   studies (sphere 18, ellipsoid 32, Rosenbrock 52.5, llm_training 2), sensitivity on 2
-   (coupled 102 vs 106, llm_serving 38 vs 45) and random on 1 (throughput 58.5 vs 69.5);
-   sensitivity is worst on throughput (138), random on ellipsoid (57), so cyclic stays.
+   In the ``coordinate`` benchmark (20 seeds, median trials to 99 %) cyclic is first or tied
+   on all 7 studies: sphere 18 (random 22, sensitivity 22), ellipsoid 31.5 (43, 37.5), coupled
+   94 (103, 99), Rosenbrock 53.5 (72, 63), throughput 73.5 (75, 123), llm_training 2 (2, 2),
+   llm_serving 30 (43.5, 51.5).
 3. **Line search** on the line through the center along that coordinate: probe one side (the
    direction of the estimated slope), then the other; once bracketed, jump to the vertex of the
    parabola through the center and its two neighbours. Steps double after a success or a tie
