@@ -35,8 +35,8 @@ class Evidence:
         points: ``(n, d)`` unit-cube coordinates (every row has all ``d`` coordinates).
         scores: ``(n,)`` values oriented so that larger is better; NaN for failed/pending rows.
         kinds: ``(n,)`` one of ``REAL``, ``ESTIMATE``, ``FAILED``, ``PENDING``.
-        moved: ``(n,)`` coordinate index each row's trial moved, ``PATTERN`` for a pattern
-            move, -1 for none.
+        moved: ``(n,)`` coordinate index each row's trial moved, the ``OFF_AXIS`` code of its
+            phase for a pattern, model, slide or plateau move, -1 for none.
         centers: ``(n,)`` row index of the center that trial moved from, -1 for none.
         restarts: ``(n,)`` True for rows proposed as restarts.
         steps: ``(n,)`` the step each trial recorded (for a pattern move: its ``t`` along the
@@ -69,8 +69,9 @@ class Move:
         phase: ``"startup"``, ``"confirm"``, ``"probe"``, ``"step"``, ``"slide"``,
             ``"pattern"``, ``"plateau"``, ``"model"`` or ``"restart"``.
         point: ``(d,)`` unit-cube point to evaluate.
-        coordinate: Index of the coordinate moved, -1 if none (or all, for a restart),
-            ``PATTERN`` for a pattern move.
+        coordinate: Index of the coordinate moved, -1 if none (or all, for a restart), the
+            ``OFF_AXIS`` code for a pattern, model or plateau move (a slide names the knob it
+            moved besides the wall's; the evidence records it as ``SLIDE``).
         step: Signed distance moved along ``coordinate`` in the unit cube (pattern: ``t``, in
             multiples of the center's travel).
         slope: Estimated score change per unit along ``coordinate`` at the center, or None.

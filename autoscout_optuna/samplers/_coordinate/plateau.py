@@ -51,12 +51,12 @@ def flat_intervals(
     through_center = real & (np.sum(np.abs(points - c) > _SAME, axis=1) <= 1)
     level = float(np.median(scores[through_center])) if through_center.any() else score_c
     tied_score = np.abs(scores - level) <= margin
+    real_rows = np.flatnonzero(real)
     out: dict[int, tuple[float, float]] = {}
     for i in range(points.shape[1]):
         # A line whose typical point is not at the center's level lies elsewhere in the
         # landscape (one noisy point on it may still look tied).
-        real_rows = np.flatnonzero(real)
-        lines = [real_rows[line] for line in _lines(points[real], i)]
+        lines = _lines(points, real_rows, i)
         rows = np.concatenate(
             [line for line in lines if abs(np.median(scores[line]) - level) <= margin]
             or [np.zeros(0, dtype=int)]
@@ -77,14 +77,14 @@ def flat_intervals(
     return out
 
 
-def _lines(points: np.ndarray, i: int) -> list[np.ndarray]:
-    """Groups (row indices, two or more) of points that differ only in coordinate ``i``."""
-    rest = np.round(np.delete(points, i, axis=1), 6)
-    if rest.shape[0] == 0:
+def _lines(points: np.ndarray, rows: np.ndarray, i: int) -> list[np.ndarray]:
+    """Groups (two or more) of ``rows`` whose points differ only in coordinate ``i``."""
+    if rows.size == 0:
         return []
+    rest = np.round(np.delete(points[rows], i, axis=1), 6)
     _, inverse, counts = np.unique(rest, axis=0, return_inverse=True, return_counts=True)
     inverse = inverse.ravel()
-    return [np.flatnonzero(inverse == g) for g in np.flatnonzero(counts >= 2)]
+    return [rows[inverse == g] for g in np.flatnonzero(counts >= 2)]
 
 
 def plateau_proposal(

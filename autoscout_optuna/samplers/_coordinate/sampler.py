@@ -47,9 +47,9 @@ class CoordinateDescentSampler(BaseSampler):
     step / slide / pattern / plateau / model / restart / fallback), ``cd:coordinate`` (None for
     moves off the axes), ``cd:step`` (signed, unit cube; for ``pattern`` the multiple ``t`` of
     the center's travel, for ``plateau`` the farthest knob's distance, for ``model`` the trust
-    radius), ``cd:slope``, ``cd:center`` (trial
-    number). Nothing else is kept: a resumed or parallel study rebuilds the
-    same state from storage (a memo of finished trials only saves re-reading them).
+    radius), ``cd:slope``, ``cd:center`` (trial number). Nothing else is kept: a resumed or
+    parallel study rebuilds the same state from storage (a memo of finished trials only saves
+    re-reading them).
 
     Example:
         .. testcode::

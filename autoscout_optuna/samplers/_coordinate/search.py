@@ -147,21 +147,19 @@ def plan_move(
     diff_coord = np.where(n_diff == 1, others_differ.argmax(axis=1), -1)
     failed, feasible = points[kinds == FAILED], points[(kinds == REAL) | (kinds == ESTIMATE)]
 
-    def pattern() -> Move | None:
-        proposal = pattern_proposal(evidence, center, score_c, snap, depth=d)
+    def off_axis(phase: str, proposal: tuple[float, np.ndarray] | None) -> Move | None:
+        """A move off the axes, unless it lies beyond (or nearest to) a known failure."""
         if proposal is None or _likely_infeasible(
             proposal[1], c, failed, feasible, settings.wall_radius
         ):
             return None
-        return Move("pattern", proposal[1], PATTERN, proposal[0], None, center, noise)
+        return Move(phase, proposal[1], OFF_AXIS[phase], proposal[0], None, center, noise)
+
+    def pattern() -> Move | None:
+        return off_axis("pattern", pattern_proposal(evidence, center, score_c, snap, depth=d))
 
     def fitted() -> Move | None:
-        proposal = model_proposal(evidence, center, snap, margin_of(noise, settings))
-        if proposal is None or _likely_infeasible(
-            proposal[1], c, failed, feasible, settings.wall_radius
-        ):
-            return None
-        return Move("model", proposal[1], MODEL, proposal[0], None, center, noise)
+        return off_axis("model", model_proposal(evidence, center, snap, margin))
 
     # Momentum: a center a pattern (model) move found continues along its travel (model).
     if evidence.moved[center] == PATTERN and (move := pattern()) is not None:
@@ -182,7 +180,6 @@ def plan_move(
         from_here = (evidence.moved == i) & (evidence.centers == center)
         if np.sum(from_here) >= MAX_LINE_STEPS:
             continue  # noise keeps moving the vertex: enough on this line
-        margin = margin_of(noise, settings)
         vertices = np.flatnonzero(from_here & evidence.vertex & (kinds == REAL))
         if vertices.size >= VERTEX_TIES and np.all(
             np.abs(evidence.scores[vertices[-VERTEX_TIES:]] - score_c) <= margin
@@ -203,22 +200,20 @@ def plan_move(
     if (move := pattern()) is not None:
         return move
     # Knobs each flat around the center: redraw them together (the next stair of a staircase).
-    plateau = plateau_proposal(evidence, center, score_c, margin_of(noise, settings), snap, rng)
-    if plateau is not None and not _likely_infeasible(
-        plateau[1], c, failed, feasible, settings.wall_radius
-    ):
-        return Move("plateau", plateau[1], PLATEAU, plateau[0], None, center, noise)
+    if (move := off_axis("plateau", plateau_proposal(
+        evidence, center, score_c, margin, snap, rng
+    ))) is not None:
+        return move
     # Then the best point of a quadratic fitted around the center (sees coupled knobs).
     if (move := fitted()) is not None:
         return move
-    slide = wall_slide(evidence, settings, c, center, snap, margin_of(noise, settings))
+    slide = wall_slide(evidence, settings, c, center, snap, margin)
     if slide is not None:
         i, point = slide
         return Move("slide", point, i, float(point[i] - c[i]), None, center, noise)
     n_restarts = int(np.sum(evidence.restarts & (evidence.centers == center)))
     # Per coordinate, on the scale its line search ended at: an ill-conditioned problem gets a
     # narrow perturbation along its steep knobs. Widen with each miss, then start small again.
-    margin = margin_of(noise, settings)
     scales = np.array([step_size(evidence, settings, i, margin) for i in range(d)])
     radius = float(2.0 ** (n_restarts % 4) * settings.restart_radius)
     spread = np.minimum(radius * scales, 0.5)
