@@ -8,6 +8,7 @@ import pytest
 from autoscout_optuna.samplers._coordinate import search
 from autoscout_optuna.samplers._coordinate.evidence import MAX_FAILED_SLIDES, SLIDE
 from autoscout_optuna.samplers._coordinate.model import _trust_region_step, model_proposal
+from autoscout_optuna.samplers._coordinate.moves import parabola_at
 from autoscout_optuna.samplers._coordinate.pattern import pattern_proposal
 from autoscout_optuna.samplers._coordinate.plateau import flat_intervals
 from autoscout_optuna.samplers._coordinate.search import (
@@ -529,3 +530,24 @@ def test_plateau_moves_find_a_stair_that_needs_two_flat_knobs_moved_together() -
         plateau_moves += sum(m.phase == "plateau" for m in moves)
     assert sum(reached) >= 5, reached
     assert plateau_moves > 0
+
+
+def test_parabola_at_passes_through_its_three_points() -> None:
+    points = ((0.1, 2.0), (0.4, 3.0), (0.9, -1.0))
+    for u, y in points:
+        assert parabola_at(u, *points) == pytest.approx(y)
+
+
+@pytest.mark.parametrize(("right", "stepped"), [(0.95, False), (0.9, True)])
+def test_vertex_step_needs_a_promised_gain_above_the_noise(right: float, stepped: bool) -> None:
+    # Center 0.5 measured three times (sigma ~0.1). Left neighbour clearly worse, so the bracket
+    # is not flat. With the right neighbour at 0.95 the parabola's peak is ~0.05 above the
+    # center, inside the noise: the line is resolved. A steeper left side (0.9 right, -2 left)
+    # promises ~0.34, and the vertex is measured.
+    rows = _noisy_center_rows()
+    rows.add([0.2], 0.5 if not stepped else -2.0, moved=0, center=0)
+    rows.add([0.8], right, moved=0, center=0)
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert (move.phase == "step") is stepped
+    if stepped:
+        assert 0.5 < move.point[0] < 0.8

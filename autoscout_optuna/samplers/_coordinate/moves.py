@@ -36,7 +36,10 @@ def line_proposal(
     """Next value of coordinate ``i`` on the line through ``c``, or None if it is resolved.
 
     A bracket whose sides are within ``noise_margin`` of the center is resolved too: the noise
-    hides where the vertex is.
+    hides where the vertex is. So is one whose parabola promises less than ``noise_margin``
+    at its vertex: the step could not be told from the center (coordinate suite, cd-cyclic, 20
+    seeds, median trials to 99 %: llm_serving 30 -> 24.5, seeds 20-39 27 -> 18; coupled 94 ->
+    78; throughput 73.5 -> 62; sphere 18 -> 16; Rosenbrock 53.5 -> 56).
     """
     u_c = float(c[i])
     kinds, points = evidence.kinds, evidence.points
@@ -66,6 +69,13 @@ def line_proposal(
         if vertex is None:  # flat or convex: split the wider side
             vertex = (u_c + u_l) / 2 if u_c - u_l > u_r - u_c else (u_c + u_r) / 2
         vertex = float(np.clip(vertex, u_l, u_r))
+        if noise_margin > 0.0 and (
+            parabola_at(vertex, (u_l, y_l), (u_c, score_c), (u_r, y_r)) - score_c < noise_margin
+        ):
+            # The parabola promises less than the noise lets a measurement show: a vertex step
+            # could not be told from the center, only walk on the noise (llm_serving spent up
+            # to 5 trials per line refining a flat bracket down to 0.4 % of the range).
+            return None
         if abs(vertex - u_c) < max(settings.min_step, settings.resolve_fraction * (u_r - u_l)):
             return None
         return _unless_measured(snap(i, vertex), i, u_c, us, "step", slope)
@@ -119,6 +129,18 @@ def _beyond_flat(
         if probe is not None:
             return probe
     return None
+
+
+def parabola_at(
+    u: float, left: tuple[float, float], middle: tuple[float, float], right: tuple[float, float]
+) -> float:
+    """Value at ``u`` of the parabola through three ``(u, score)`` points (distinct ``u``)."""
+    (a, fa), (b, fb), (c, fc) = left, middle, right
+    return float(
+        fa * (u - b) * (u - c) / ((a - b) * (a - c))
+        + fb * (u - a) * (u - c) / ((b - a) * (b - c))
+        + fc * (u - a) * (u - b) / ((c - a) * (c - b))
+    )
 
 
 def parabola_vertex(a: float, fa: float, b: float, fb: float, c: float, fc: float) -> float | None:

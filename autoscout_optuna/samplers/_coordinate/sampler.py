@@ -75,7 +75,7 @@ class CoordinateDescentSampler(BaseSampler):
         confidence: Multiple of the noise a single measurement must beat to move the center.
             1.75 (coordinate suite, 20 seeds, against 2.0: llm_serving 36.5 -> 30 trials to
             99 %, coupled 95.5 -> 94, throughput reaching 99 % in 15 seeds instead of 17;
-            1.5: 14). Seeds 20-39, not used to choose it: llm_serving 26, 20/20 seeds.
+            1.5: 14; measured before the vertex-gain rule of ``moves.line_proposal``).
         restart_radius: First restart around a resolved center, in multiples of each
             coordinate's last step (doubles per miss, up to 8x, then starts again).
         headroom: Next to a wall, let a point tied with the center (within the noise) but

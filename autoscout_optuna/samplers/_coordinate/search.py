@@ -17,22 +17,24 @@ The rule, per trial:
    but bounds another (memory fraction against batch size) then leaves the other knob room.
 2. **Coordinate**: the line being searched stays until resolved; then the next coordinate in
    cyclic order (default), uniformly at random, or weighted by the score change each produced.
-   In the ``coordinate`` benchmark (20 seeds, median trials to 99 %) cyclic is first or tied
-   on all 7 studies: sphere 18 (random 22, sensitivity 22), ellipsoid 31.5 (43, 37.5), coupled
-   94 (103, 99), Rosenbrock 53.5 (72, 63), throughput 73.5 (75, 123), llm_training 2 (2, 2),
-   llm_serving 30 (43.5, 51.5).
+   In the ``coordinate`` benchmark (20 seeds, median trials to 99 %) no rule wins everywhere:
+   cyclic / random / sensitivity take sphere 16 / 19 / 18, ellipsoid 31 / 30 / 29.5, coupled
+   78 / 90.5 / 89.5, Rosenbrock 56 / 67 / 65.5, throughput 62 / 67 / 49, llm_training 2 / 2 /
+   2, llm_serving 24.5 / 34.5 / 21 (seeds 20-39: 18 / - / 23). Cyclic has the lowest total and
+   wins the two hardest (coupled, Rosenbrock), and is the simplest to reason about, so it is
+   the default.
 3. **Line search** on the line through the center along that coordinate: probe one side (the
    direction of the estimated slope), then the other; once bracketed, jump to the vertex of the
-   parabola through the center and its two neighbours. Steps double after a success or a tie
-   within the noise (a step too small to see the slope says nothing), halve after a clear loss
-   or a failure. Failed points are walls: a probe that would reach one bisects between the
-   center and the wall, and no point at or beyond a failure is proposed again. A bracket flat
-   within the noise (a plateau) is probed further out before it counts as resolved; a line
-   whose last vertex tied with the center is resolved (on a staircase the
-   parabola's vertex is noise, and chasing it cost llm_serving ~6 trials per line). The first
-   probe reaches at least as far as the center travelled along the other knobs since the line
-   was last searched (a step shrunk on a line elsewhere says nothing about this one), unless
-   failures bound the knob.
+   parabola through the center and its two neighbours, unless the parabola promises less than the
+   noise margin there (a step nobody could tell from the center). Steps double after a success or a
+   tie within the noise (a step too small to see the slope says nothing), halve after a clear loss
+   or a failure. Failed points are walls: a probe that would reach one bisects between the center
+   and the wall, and no point at or beyond a failure is proposed again. A bracket flat within the
+   noise (a plateau) is probed further out before it counts as resolved; a line whose last vertex
+   tied with the center is resolved (on a staircase the parabola's vertex is noise, and chasing it
+   cost llm_serving ~6 trials per line). The first probe reaches at least as far as the center
+   travelled along the other knobs since the line was last searched (a step shrunk on a line
+   elsewhere says nothing about this one), unless failures bound the knob.
 4. **Pattern** (``pattern.py``): when every coordinate line is resolved, a line search along the
    way the center travelled over its last ``d`` moves (Hooke-Jeeves), from ``t = 1``, bisecting
    towards failures; a center found this way continues along its longer travel first.
