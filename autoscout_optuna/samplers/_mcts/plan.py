@@ -189,7 +189,7 @@ def _feasible_path(
     failed = kinds == FAILED
     model = fit_feasibility(
         table.codes, n_values, failed, (kinds == REAL) | (kinds == ESTIMATE),
-        numeric=[_numeric(values) for values in table.values],
+        numeric=[_numeric(values) for values in table.values], positions=table.positions,
     )
     codes, rewards, weights = table.codes, evidence.rewards, evidence.weights
     partial = failed | (kinds == PENDING)
