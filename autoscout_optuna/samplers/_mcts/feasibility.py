@@ -21,12 +21,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoscout_optuna.samplers._mcts.monotone import DominanceModel, fit_dominance
+from autoscout_optuna.samplers._mcts.prefix import dead_pairs, p_dead
 from autoscout_optuna.samplers._mcts.tree import ABSENT
 
 # Ridge penalty on the weights (not the intercept): with a few dozen rows and ~30 one-hot
 # features, an unpenalized fit would call every unseen combination certain to fail or succeed.
 L2 = 1.0
 NEWTON_STEPS = 25
+# P(FAIL) of a structure at least as heavy as a known failure (``monotone.py``): above any
+# redraw threshold, yet below 1, so that when every path drawn is dominated the least likely
+# one still runs (a prediction never closes the only route left).
+DOMINATED_P_FAIL = 0.99
 
 
 @dataclass(frozen=True)
@@ -36,18 +42,37 @@ class FeasibilityModel:
     offsets: np.ndarray
     weights: np.ndarray | None
     intercept: float = 0.0
+    dominance: DominanceModel | None = None
+    dead: np.ndarray | None = None
 
     def p_fail(self, codes: np.ndarray) -> np.ndarray:
-        """P(FAIL) of each row of ``codes`` (a 1-D path is one row); 0 without a model."""
+        """P(FAIL) of each row of ``codes`` (a 1-D path is one row); 0 without a model.
+
+        The monotone rule overrides the logistic where it applies: no heavier than a known
+        success, 0; at least as heavy as a known failure, ``DOMINATED_P_FAIL``. A dead pair
+        of choices (``prefix.py``) raises it further.
+        """
         rows = np.atleast_2d(codes)
-        if self.weights is None:
-            return np.zeros(len(rows))
-        z = self.intercept + _one_hot(rows, self.offsets) @ self.weights
-        return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
+        p = np.zeros(len(rows))
+        if self.weights is not None:
+            z = self.intercept + _one_hot(rows, self.offsets) @ self.weights
+            p = 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
+        if self.dominance is not None:
+            fails, fits = self.dominance.verdicts(rows)
+            p = np.where(fits, 0.0, p)
+            p = np.where(fails, np.maximum(p, DOMINATED_P_FAIL), p)
+        if self.dead is not None:
+            p = np.maximum(p, p_dead(rows, self.dead))
+        return p
 
 
 def fit_feasibility(
-    codes: np.ndarray, n_values: Sequence[int], failed: np.ndarray, feasible: np.ndarray
+    codes: np.ndarray,
+    n_values: Sequence[int],
+    failed: np.ndarray,
+    feasible: np.ndarray,
+    numeric: Sequence[np.ndarray | None] | None = None,
+    positions: np.ndarray | None = None,
 ) -> FeasibilityModel:
     """Fit P(FAIL) on the full-length failed rows and the feasible rows of ``codes``.
 
@@ -56,22 +81,34 @@ def fit_feasibility(
         n_values: Number of values per column.
         failed: Mask of rows that ended FAIL.
         feasible: Mask of rows that ended with a value (real or estimate).
+        numeric: Per column, the numeric value of each code (None: not numbers). Given, the
+            monotone dominance rule of ``monotone.py`` refines the logistic's predictions.
+        positions: Ask position of each param per row (-1 when not asked). Given, the rows
+            that failed on their prefix name dead pairs of choices (``prefix.py``).
 
     Returns:
-        The model; without at least one full-length failed and one feasible row it predicts 0.
+        The model; without a feasible row it predicts 0, without a full-length failed row
+        only dead pairs count.
     """
     offsets = np.concatenate([[0], np.cumsum(n_values)]).astype(int)
     asked = (codes != ABSENT).sum(axis=1)
     if not feasible.any():
         return FeasibilityModel(offsets, None)
     full_failed = failed & (asked >= asked[feasible].min())
+    dead = None
+    if positions is not None:
+        dead = dead_pairs(codes, positions, failed, failed & ~full_failed)
     if not full_failed.any():
-        return FeasibilityModel(offsets, None)
+        return FeasibilityModel(offsets, None, dead=dead)
     rows = full_failed | feasible
     x = _one_hot(codes[rows], offsets)
     y = full_failed[rows].astype(float)
     weights, intercept = _logistic(x, y)
-    return FeasibilityModel(offsets, weights, intercept)
+    dominance = None
+    if numeric is not None:
+        per_column = [weights[offsets[j]: offsets[j + 1]] for j in range(len(n_values))]
+        dominance = fit_dominance(codes, numeric, per_column, full_failed, feasible)
+    return FeasibilityModel(offsets, weights, intercept, dominance, dead)
 
 
 def _one_hot(codes: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -76,7 +76,9 @@ class MCTSSampler(BaseSampler):
     that would repeat a failed trial's decisions is avoided), PRUNED trials count as
     low-fidelity estimates, RUNNING trials as virtual losses. A logistic model of P(FAIL) over
     the structure, fitted on the trials that failed after asking every param (out of memory and
-    the like), re-draws a planned path that is likely to fail (attr ``mcts:feasibility``). An
+    the like), re-draws a planned path that is likely to fail (attr ``mcts:feasibility``); a
+    monotone rule sharpens it: a path at least as heavy as a known failure along the directions
+    the data give each ordinal knob fails, one no heavier than a known success fits. An
     evaluated configuration is not proposed again. A share of trials exploits: greedy along the
     best result, so the duplicate rule takes a local step from the incumbent.
 

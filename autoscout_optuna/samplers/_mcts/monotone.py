@@ -1,0 +1,119 @@
+"""Monotone infeasibility: a structure at least as heavy as a known failure fails too (pure).
+
+Out-of-memory is (nearly) monotone: given the other choices, memory grows or shrinks
+monotonically along each ordinal knob (more micro-batch, less sharding, no recomputation). The
+logistic model of ``feasibility.py`` is a soft additive threshold and, shrunk by its penalty,
+rarely calls a structure certain to fail; the dominance rule here is a sharp boundary:
+
+* every column gets a *heaviness* per value, learned from the data: a numeric column (ints,
+  ordered floats, booleans) is ordered by its values, in the direction in which the logistic
+  weights of its values rise (failure grows), or not at all when they do not rise or fall
+  consistently; a column of other values (strings) is ordered by those weights themselves.
+  Unseen values of a numeric column are placed by the order (extrapolation is the point); of
+  an unordered column they have no heaviness.
+* a candidate *dominates* a known failure when in every column both rows lack the param, take
+  the same value, or the candidate's value is at least as heavy; it is then predicted to fail.
+  Symmetrically a candidate dominated by a known success is predicted feasible.
+* a failure that some success dominates is not explained by the order (an invalid
+  combination, a failure caused by other knobs): that pair stops being evidence on both sides.
+
+Everything is refitted from the table on every plan (no state to keep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoscout_optuna.samplers._mcts.tree import OTHER
+
+# Minimum |correlation| between a numeric column's value order and its logistic weights for
+# the column to get a direction: below it the data do not say which way failure grows.
+MIN_CORRELATION = 0.6
+
+
+@dataclass(frozen=True)
+class DominanceModel:
+    """Known failures and successes a candidate can be compared with, and how heavy each value
+    of each column is (``heaviness[j, code]``, NaN: only equal values compare)."""
+
+    heaviness: np.ndarray
+    failures: np.ndarray
+    successes: np.ndarray
+
+    def verdicts(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per row of ``codes``: (dominates a known failure, dominated by a known success)."""
+        rows = np.atleast_2d(codes)
+        fails = _at_least(rows, self.failures, self.heaviness).any(axis=1)
+        fits = _at_least(self.successes, rows, self.heaviness).any(axis=0)
+        return fails, fits
+
+
+def fit_dominance(
+    codes: np.ndarray,
+    numeric: Sequence[np.ndarray | None],
+    weights: Sequence[np.ndarray],
+    failed: np.ndarray,
+    feasible: np.ndarray,
+) -> DominanceModel:
+    """Learn each column's order from the logistic ``weights`` and keep consistent anchors.
+
+    Args:
+        codes: History table (rows x columns), ``ABSENT`` / ``OTHER`` (negative) as in ``tree``.
+        numeric: Per column, the numeric value of each code (None: values are not numbers).
+        weights: Per column, the logistic weight of each code (larger: more failure).
+        failed: Mask of the failed rows that may serve as anchors.
+        feasible: Mask of the rows that ended with a value.
+
+    Returns:
+        The model; without anchors it predicts nothing either way.
+    """
+    seen = [np.isin(np.arange(len(w)), codes[feasible | failed, j])
+            for j, w in enumerate(weights)]
+    width = max((len(w) for w in weights), default=0)
+    heaviness = np.full((len(weights), width), np.nan)
+    for j, (w, values) in enumerate(zip(weights, numeric, strict=True)):
+        heaviness[j, : len(w)] = _column_heaviness(np.asarray(w, float), values, seen[j])
+    failures, successes = codes[failed], codes[feasible]
+    # A success at least as heavy as a failure contradicts the order: drop both from evidence.
+    clash = _at_least(successes, failures, heaviness)
+    return DominanceModel(
+        heaviness, failures[~clash.any(axis=0)], successes[~clash.any(axis=1)]
+    )
+
+
+def _column_heaviness(
+    weights: np.ndarray, values: np.ndarray | None, seen: np.ndarray
+) -> np.ndarray:
+    """Heaviness of each value of one column (NaN where no order is known)."""
+    out = np.full(len(weights), np.nan)
+    if seen.sum() < 2:
+        return out
+    if values is None:
+        out[seen] = weights[seen]  # an order the data give, for the values they cover
+        return out
+    x, y = np.asarray(values, float)[seen], weights[seen]
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return out
+    correlation = float(np.corrcoef(x, y)[0, 1])
+    if abs(correlation) >= MIN_CORRELATION:
+        out[:] = np.sign(correlation) * np.asarray(values, float)
+    return out
+
+
+def _at_least(heavy: np.ndarray, light: np.ndarray, heaviness: np.ndarray) -> np.ndarray:
+    """``[i, k]``: row ``heavy[i]`` is at least as heavy as row ``light[k]`` in every column."""
+    if not len(heavy) or not len(light):
+        return np.zeros((len(heavy), len(light)), dtype=bool)
+    a, b = heavy[:, None, :], light[None, :, :]
+    columns = np.arange(heaviness.shape[0])
+    ha = heaviness[columns, np.maximum(heavy, 0)][:, None, :]
+    hb = heaviness[columns, np.maximum(light, 0)][None, :, :]
+    # Equal codes compare (both absent included), except OTHER: two out-of-domain values
+    # need not be the same value.
+    same = (a == b) & (a != OTHER)
+    heavier = (a >= 0) & (b >= 0) & (ha >= hb)  # NaN compares False: no order, no claim
+    return (same | heavier).all(axis=2)
+

@@ -1,0 +1,76 @@
+"""The monotone dominance rule of MCTS's feasibility model, on plain numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoscout_optuna.samplers._mcts.feasibility import DOMINATED_P_FAIL, fit_feasibility
+from autoscout_optuna.samplers._mcts.monotone import fit_dominance
+from autoscout_optuna.samplers._mcts.tree import ABSENT, OTHER
+
+# Two numeric columns (micro-batch 1/2/4/8, shards 1/2/4) and one of strings (3 values).
+NUMERIC = [np.array([1.0, 2.0, 4.0, 8.0]), np.array([1.0, 2.0, 4.0]), None]
+# Logistic weights: failure rises with micro-batch, falls with sharding; string order c < a < b.
+WEIGHTS = [np.array([-1.0, -0.2, 0.4, 0.0]), np.array([0.8, 0.1, -0.9]),
+           np.array([0.0, 0.5, -0.5])]
+
+
+def _model(codes, failed):
+    codes, failed = np.array(codes), np.array(failed)
+    return fit_dominance(codes, NUMERIC, WEIGHTS, failed, ~failed)
+
+
+# One failure (micro-batch 4, 2 shards, "c") and two successes.
+ROWS, FAILED = [[2, 1, 2], [1, 1, 0], [0, 2, 2]], [True, False, False]
+
+
+def test_heavier_than_a_failure_fails_and_lighter_than_a_success_fits():
+    fails, fits = _model(ROWS, FAILED).verdicts(np.array([
+        [3, 1, 2],  # more micro-batch than the failure (8 was never seen: extrapolated)
+        [2, 0, 2],  # less sharding than the failure
+        [2, 2, 2],  # more sharding: lighter than the failure, says nothing
+        [1, 1, 2],  # the success [1, 1, 0] with the lighter string value "c"
+        [0, 2, 0],  # lighter than the success [1, 1, 0]
+        [2, 1, 0],  # the failure with the heavier string value "a"
+    ]))
+    np.testing.assert_array_equal(fails, [True, True, False, False, False, True])
+    np.testing.assert_array_equal(fits, [False, False, False, True, True, False])
+
+
+def test_values_the_data_do_not_order_must_be_equal():
+    # A column whose weights do not rise or fall with its values gets no direction.
+    weights = [WEIGHTS[0], np.array([0.5, -0.5, 0.5]), WEIGHTS[2]]
+    codes, failed = np.array([[2, 1, 2], [1, 0, 0], [0, 2, 2]]), np.array(FAILED)
+    model = fit_dominance(codes, NUMERIC, weights, failed, ~failed)
+    fails, _ = model.verdicts(np.array([[2, 0, 2], [2, 2, 2], [3, 1, 2]]))
+    np.testing.assert_array_equal(fails, [False, False, True])
+    # A string value the data never saw ("b") cannot be placed either.
+    assert not _model(ROWS, FAILED).verdicts(np.array([2, 1, 1]))[0][0]
+
+
+def test_absent_and_out_of_domain_values_compare_only_when_equal():
+    model = _model([[2, ABSENT, 2], [1, 1, 0], [0, 2, 2]], FAILED)
+    fails, _ = model.verdicts(np.array([[3, ABSENT, 2], [3, 0, 2]]))
+    np.testing.assert_array_equal(fails, [True, False])
+    model = _model([[2, OTHER, 2], [1, 1, 0], [0, 2, 2]], FAILED)
+    assert not model.verdicts(np.array([3, OTHER, 2]))[0][0]
+
+
+def test_a_failure_a_success_dominates_is_no_evidence():
+    # The same structure failed once and ran once (other dense values, a non-monotone cause):
+    # neither row predicts anything about heavier or lighter structures.
+    model = _model([[1, 1, 0], [1, 1, 0], [0, 2, 2]], [True, False, False])
+    fails, fits = model.verdicts(np.array([[2, 1, 0], [0, 1, 0], [0, 2, 2]]))
+    np.testing.assert_array_equal(fails, [False, False, False])
+    np.testing.assert_array_equal(fits, [False, False, True])  # the other success counts
+
+
+def test_feasibility_model_applies_the_rule_only_when_given_numeric_values():
+    codes = np.array([[2, 1, 0], [0, 1, 0], [1, 2, 1], [0, 0, 2]])
+    failed = np.array([True, False, False, False])
+    candidates = np.array([[3, 1, 0], [0, 0, 2]])
+    plain = fit_feasibility(codes, [4, 3, 3], failed, ~failed)
+    monotone = fit_feasibility(codes, [4, 3, 3], failed, ~failed, numeric=NUMERIC)
+    p_plain, p = plain.p_fail(candidates), monotone.p_fail(candidates)
+    assert p_plain[0] < DOMINATED_P_FAIL and p[0] == DOMINATED_P_FAIL
+    assert p_plain[1] > 0.0 and p[1] == 0.0
