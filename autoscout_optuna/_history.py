@@ -17,10 +17,18 @@ from optuna.distributions import BaseDistribution
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from autoscout_optuna._keys import ORPHANED
+from autoscout_optuna._keys import ORPHANED, SIM_ERROR_DETAIL
 from autoscout_optuna._storage import get_trials
 
 Kind = Literal["real", "estimate", "failed", "pending"]
+
+#: Smallest share of its configured weight a PRUNED estimate keeps, however badly the
+#: simulator ranks: a zero weight would leave nodes seen only through estimates weightless.
+MIN_RELIABILITY = 0.1
+#: Rank discordance up to which estimates keep their full weight (20 % simulator noise on the
+#: LLM studies measures ~0.2, 80 % ~0.4).
+TRUSTED_DISCORDANCE = 0.25
+_RELIABILITY_SCAN = 50
 
 
 @dataclass(frozen=True)
@@ -124,3 +132,28 @@ def _last_intermediate(trial: FrozenTrial) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return float(value)
+
+
+def estimate_reliability(study: optuna.Study) -> float:
+    """How much PRUNED estimates deserve to steer the search, in [MIN_RELIABILITY, 1].
+
+    From the rank discordance ``d`` the pruner recorded (``autoscout:sim_error_detail``) on the
+    newest trial that has one: 1 up to ``TRUSTED_DISCORDANCE``, falling linearly to 0 at a coin
+    flip (``d = 0.5``), floored at ``MIN_RELIABILITY``. Samplers scale the weight of PRUNED
+    estimates by it, so a simulator the pruner has found useless stops steering the search
+    while a usable one keeps its full weight. Fidelity suite, 8 seeds, against a fixed weight:
+    at 80 % simulator noise serving's final best 0.977 -> 0.996 (sampler alone 0.995); at 20 %
+    training reaches 99 % in 6/8 seeds instead of 3/8. Scaling by ``1 - 2 d`` instead (full
+    weight only for a perfect ranking) also fixed 80 % but cost at 20 % (training 95 % in 6/8
+    seeds instead of 8/8). 1 while nothing has been measured (no pruner, or too few real
+    runs). Only the newest ``_RELIABILITY_SCAN`` trials are read: the pruner records the detail
+    on every trial it judges, so a study with a pruner has one there, and one without costs no
+    full scan.
+    """
+    for trial in reversed(get_trials(study)[-_RELIABILITY_SCAN:]):
+        detail = trial.user_attrs.get(SIM_ERROR_DETAIL)
+        discordance = detail.get("discordance") if isinstance(detail, Mapping) else None
+        if discordance is not None and math.isfinite(discordance):
+            share = (0.5 - discordance) / (0.5 - TRUSTED_DISCORDANCE)
+            return float(min(1.0, max(MIN_RELIABILITY, share)))
+    return 1.0

@@ -4,7 +4,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autoscout_optuna._history import read_history
+from autoscout_optuna._history import MIN_RELIABILITY, estimate_reliability, read_history
+from autoscout_optuna._keys import SIM_ERROR_DETAIL
 
 
 def _study(direction):
@@ -44,3 +45,32 @@ def test_exclude_skips_the_trial_being_sampled():
     study = _study("maximize")
     running = [t for t in study.trials if t.state == TrialState.RUNNING][0]
     assert all(o.number != running.number for o in read_history(study, exclude=running))
+
+
+def _study_with_rank_checks(discordances):
+    """One trial per value; a float is recorded as the pruner records its rank check."""
+    study = optuna.create_study()
+    for d in discordances:
+        trial = study.ask()
+        if d is not None:
+            trial.set_user_attr(SIM_ERROR_DETAIL, {"discordance": d, "kendall_tau": None})
+        study.tell(trial, 1.0)
+    return study
+
+
+@pytest.mark.parametrize(
+    ("discordances", "expected"),
+    [
+        ([], 1.0),  # nothing measured: estimates keep their configured weight
+        ([None, None], 1.0),  # no pruner
+        ([0.0], 1.0),
+        ([0.2], 1.0),  # a usable ranking keeps the full weight
+        ([0.2, 0.4], 0.4),  # the newest check counts, not the first: (0.5 - 0.4) / 0.25
+        ([0.4, None], 0.4),  # a trial without a check (e.g. warm-up) does not reset it
+        ([0.5], MIN_RELIABILITY),  # ranking no better than a coin: the floor
+        ([0.8], MIN_RELIABILITY),
+    ],
+)
+def test_estimate_reliability_follows_the_newest_rank_check(discordances, expected) -> None:
+    study = _study_with_rank_checks(discordances)
+    assert estimate_reliability(study) == pytest.approx(expected)

@@ -12,7 +12,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _keys, _validate
-from autoscout_optuna._history import decision_number
+from autoscout_optuna._history import decision_number, estimate_reliability
 from autoscout_optuna._recovery import tag_worker
 from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._storage import set_system_attr, set_user_attr
@@ -105,7 +105,9 @@ class AutoScoutSampler(BaseSampler):
             keep the incumbent's values, i.e. the centre of their domains).
         feature_prioritization: False for the ablation without MCTS's tournament over level
             orders (needs an :class:`~autoscout_optuna.MCTSSampler` with that option).
-        estimate_weight: Weight of a PRUNED trial's step-0 estimate relative to a real value.
+        estimate_weight: Weight of a PRUNED trial's step-0 estimate relative to a real value,
+            scaled by how far the pruner's last rank check beats chance
+            (:func:`~autoscout_optuna._history.estimate_reliability`, ``1 - 2 * discordance``).
         floor: Minimum share of the last 20 trials each arm gets.
         discount: Per-trial discount of old rewards.
         neighbour_arm: Add the ``neighbour`` arm (one structural change of the incumbent).
@@ -199,7 +201,11 @@ class AutoScoutSampler(BaseSampler):
         if self._neighbour_arm and incumbent is not None and len(history) >= self._n_startup:
             moves = planning.untried_neighbours(history, space, incumbent)
         choice = planning.refine_choice(history, digest, space, estimator=self._reward)
-        arm, reason, extra = self._decide(history, digest, space, number, bool(moves), choice)
+        # PRUNED estimates count as much as the pruner's last rank check says they deserve.
+        weight = self._estimate_weight * estimate_reliability(study)
+        arm, reason, extra = self._decide(
+            history, digest, space, number, bool(moves), choice, weight
+        )
         move = None
         if arm == NEIGHBOUR:
             # The best-ranked move, with a random one now and then so ranking errors heal.
@@ -238,6 +244,7 @@ class AutoScoutSampler(BaseSampler):
     def _decide(
         self, history: Sequence[Any], digest: Any, space: planning.ObservedSpace,
         number: int, has_neighbours: bool, choice: planning.RefineChoice | None,
+        estimate_weight: float,
     ) -> tuple[str, str, dict[str, Any]]:
         started = len(history)
         if started < self._n_startup:
@@ -272,7 +279,7 @@ class AutoScoutSampler(BaseSampler):
                     return arms[0], (f"refine target gained nothing in {stale} refinements "
                                      f"(patience {patience}): {arms[0]}"), {}
         pulls, pending, recent = planning.bandit_evidence(
-            history, digest, reward=self._reward, estimate_weight=self._estimate_weight
+            history, digest, reward=self._reward, estimate_weight=estimate_weight
         )
         rng = trial_rng(self._seed, number, "bandit")
         arm, reason, stats = choose_arm(

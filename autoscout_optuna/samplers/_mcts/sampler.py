@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Container
@@ -14,7 +15,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _validate
-from autoscout_optuna._history import decision_number, observation_of
+from autoscout_optuna._history import decision_number, estimate_reliability, observation_of
 from autoscout_optuna._keys import ORPHANED
 from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._space import contains, discrete_values, is_structural, n_levels
@@ -118,7 +119,8 @@ class MCTSSampler(BaseSampler):
         rave_visit_share: How much a study-wide visit of a value counts as a visit of the
             node in the exploration bonus (lower: explore values unseen in a node more).
         failure_reward: Reward of a FAIL trial; real rewards are in [0, 1], so below 0.
-        estimate_weight: Weight of a PRUNED trial's low-fidelity value, in (0, 1].
+        estimate_weight: Weight of a PRUNED trial's low-fidelity value, in (0, 1]; scaled by
+            how far the pruner's last rank check beats chance (``estimate_reliability``).
         n_orderings: Candidate level orders per tournament.
         tournament_depth: How many top levels an ordering is judged by.
         exploit_probability: Share of trials (after startup) that follow the best result
@@ -334,7 +336,10 @@ class MCTSSampler(BaseSampler):
         if record.plan is not None:
             return record
         table = self._build_table(study, trial)
-        evidence = gather_evidence(table, self._settings)
+        # PRUNED estimates count as much as the pruner's last rank check says they deserve.
+        weight = self._settings.estimate_weight * estimate_reliability(study)
+        settings = dataclasses.replace(self._settings, estimate_weight=weight)
+        evidence = gather_evidence(table, settings)
         number = decision_number(study, trial)
         plan = make_plan(
             evidence,
