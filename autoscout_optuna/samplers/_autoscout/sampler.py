@@ -106,8 +106,8 @@ class AutoScoutSampler(BaseSampler):
         feature_prioritization: False for the ablation without MCTS's tournament over level
             orders (needs an :class:`~autoscout_optuna.MCTSSampler` with that option).
         estimate_weight: Weight of a PRUNED trial's step-0 estimate relative to a real value,
-            scaled by how far the pruner's last rank check beats chance
-            (:func:`~autoscout_optuna._history.estimate_reliability`, ``1 - 2 * discordance``).
+            scaled by how well the pruner's last rank check says the simulator orders configs
+            (:func:`~autoscout_optuna._history.estimate_reliability`).
         floor: Minimum share of the last 20 trials each arm gets.
         discount: Per-trial discount of old rewards.
         neighbour_arm: Add the ``neighbour`` arm (one structural change of the incumbent).
@@ -201,10 +201,8 @@ class AutoScoutSampler(BaseSampler):
         if self._neighbour_arm and incumbent is not None and len(history) >= self._n_startup:
             moves = planning.untried_neighbours(history, space, incumbent)
         choice = planning.refine_choice(history, digest, space, estimator=self._reward)
-        # PRUNED estimates count as much as the pruner's last rank check says they deserve.
-        weight = self._estimate_weight * estimate_reliability(study)
         arm, reason, extra = self._decide(
-            history, digest, space, number, bool(moves), choice, weight
+            study, history, digest, space, number, bool(moves), choice
         )
         move = None
         if arm == NEIGHBOUR:
@@ -242,9 +240,9 @@ class AutoScoutSampler(BaseSampler):
         self._arm_sampler(arm).before_trial(study, trial)
 
     def _decide(
-        self, history: Sequence[Any], digest: Any, space: planning.ObservedSpace,
-        number: int, has_neighbours: bool, choice: planning.RefineChoice | None,
-        estimate_weight: float,
+        self, study: optuna.Study, history: Sequence[Any], digest: Any,
+        space: planning.ObservedSpace, number: int, has_neighbours: bool,
+        choice: planning.RefineChoice | None,
     ) -> tuple[str, str, dict[str, Any]]:
         started = len(history)
         if started < self._n_startup:
@@ -278,8 +276,10 @@ class AutoScoutSampler(BaseSampler):
                 if len(arms) == 1:
                     return arms[0], (f"refine target gained nothing in {stale} refinements "
                                      f"(patience {patience}): {arms[0]}"), {}
+        # PRUNED estimates count as much as the pruner's last rank check says they deserve.
+        weight = self._estimate_weight * estimate_reliability(study)
         pulls, pending, recent = planning.bandit_evidence(
-            history, digest, reward=self._reward, estimate_weight=estimate_weight
+            history, digest, reward=self._reward, estimate_weight=weight
         )
         rng = trial_rng(self._seed, number, "bandit")
         arm, reason, stats = choose_arm(

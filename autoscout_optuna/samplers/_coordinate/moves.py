@@ -66,7 +66,8 @@ def line_proposal(
                                 hi if np.isinf(hi_wall) else u_c, noise_margin, snap, i, slope,
                                 settings.min_step)
         vertex = parabola_vertex(u_l, y_l, u_c, score_c, u_r, y_r)
-        if vertex is None:  # flat or convex: split the wider side
+        if vertex is None:  # flat or convex: split the wider side (noiseless only: with noise,
+            # the gain check below resolves the line, as such a triple promises no gain)
             vertex = (u_c + u_l) / 2 if u_c - u_l > u_r - u_c else (u_c + u_r) / 2
         vertex = float(np.clip(vertex, u_l, u_r))
         if noise_margin > 0.0 and (
