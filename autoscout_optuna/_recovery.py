@@ -37,15 +37,20 @@ def tag_worker(study: optuna.Study, trial: FrozenTrial) -> None:
     set_system_attr(study, trial, WORKER, worker_identity())
 
 
+def worker_gone(identity: Any) -> bool:
+    """True when ``identity`` (from :func:`worker_identity`) names a process of this host that
+    no longer exists; False while it lives, and for other hosts (whose processes we cannot see)."""
+    if not isinstance(identity, dict) or identity.get("host") != socket.gethostname():
+        return False
+    pid = identity.get("pid")
+    return not isinstance(pid, int) or _process_start(pid) != identity.get("start")
+
+
 def is_orphaned(trial: FrozenTrial) -> bool:
     """True for a RUNNING trial whose tagged worker no longer exists on this host."""
     if trial.state != TrialState.RUNNING:
         return False
-    worker = trial.system_attrs.get(WORKER)
-    if not isinstance(worker, dict) or worker.get("host") != socket.gethostname():
-        return False
-    pid = worker.get("pid")
-    return not isinstance(pid, int) or _process_start(pid) != worker.get("start")
+    return worker_gone(trial.system_attrs.get(WORKER))
 
 
 def recover_orphaned_trials(study: optuna.Study, *, retry: bool = True) -> list[int]:

@@ -25,6 +25,7 @@ import optuna
 
 DEFAULT_STORAGE = "sqlite:///autoscout.db"
 DEFAULT_ARTIFACT_DIR = "artifacts"
+DEFAULT_CLAIM_KEY = "autoscout:default_claim"  # study user attr: the worker measuring the default
 DEFAULT_N_TRIALS = 30  # when the study does not say: a few minutes on 2 CPU cores
 HEARTBEAT_INTERVAL_S = 60
 HEARTBEAT_GRACE_S = 300  # longer than any pause of a healthy worker between heartbeats
@@ -145,8 +146,9 @@ def _add_storage(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from autoscout_optuna import AutoScoutSampler, FidelityPruner, Infeasible, _dashboard, studies
+    from autoscout_optuna._keys import WORKER
     from autoscout_optuna._progress import ProgressReporter, summary_text
-    from autoscout_optuna._recovery import recover_orphaned_trials
+    from autoscout_optuna._recovery import recover_orphaned_trials, worker_identity
 
     options = parse_options(args.option)
     definition = _load_definition(args.study, options, studies)
@@ -179,12 +181,16 @@ def _run(args: argparse.Namespace) -> int:
     # Optuna's per-failure traceback would only bury it.
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     interrupted = False
+    started = time.monotonic()
     try:
         evaluate_default(study, definition)
+        # --timeout is the wall-clock limit of the whole run, the default's measurement included
+        timeout = (None if args.timeout is None
+                   else max(0.0, args.timeout - (time.monotonic() - started)))
         study.optimize(
             _objective(definition, args.seed),
             n_trials=n_trials,
-            timeout=args.timeout,
+            timeout=timeout,
             catch=(Infeasible,),
             callbacks=[reporter, _NoteRefresher(args.artifact_dir)],
         )
@@ -195,7 +201,10 @@ def _run(args: argparse.Namespace) -> int:
     if interrupted:
         print("interrupted: every finished trial is stored; the same command resumes the study",
               file=sys.stderr)
-    print(summary_text(study, added=len(study.trials) - n_before))
+    # trials of this process only: other workers may be adding to the same study meanwhile
+    me = worker_identity()
+    added = sum(t.system_attrs.get(WORKER) == me for t in study.get_trials(deepcopy=False))
+    print(summary_text(study, added=added))
     _dashboard.publish(study, artifact_dir=args.artifact_dir)
     print(f"\nDashboard: autoscout dashboard --storage {args.storage} "
           f"--artifact-dir {args.artifact_dir}")
@@ -275,12 +284,26 @@ def _dashboard(args: argparse.Namespace) -> int:
 
 def evaluate_default(study: optuna.Study, definition: Any) -> None:
     """Measure the study's default config once (noiselessly where the study can) and keep the
-    value in a study user attr, so the gain over it survives resumes and is measured once."""
+    value in a study user attr, so the gain over it survives resumes and is measured once.
+
+    With several workers on one study, the first to start claims the measurement (study user
+    attr ``autoscout:default_claim``, its host and pid) and the others go straight to their
+    trials instead of queueing for the GPU to measure it again (seen on an H200 with two
+    workers: the second spent 3 of its 4 minutes on a duplicate measurement). A claim whose
+    worker died on this host is taken over.
+    """
     from autoscout_optuna import Infeasible
     from autoscout_optuna._dashboard import DEFAULT_VALUE_KEY
+    from autoscout_optuna._recovery import worker_gone, worker_identity
 
     if definition.default_config is None or DEFAULT_VALUE_KEY in study.user_attrs:
         return
+    claim = study.user_attrs.get(DEFAULT_CLAIM_KEY)
+    if claim is not None and not worker_gone(claim):
+        print(f"the default config is being measured by worker {claim.get('host')}:"
+              f"{claim.get('pid')}", file=sys.stderr)
+        return
+    study.set_user_attr(DEFAULT_CLAIM_KEY, worker_identity())
     kind = "a real run" if definition.is_real else "noiseless reference"
     print(f"measuring the default config once ({kind})", file=sys.stderr)
     try:

@@ -25,7 +25,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 COLUMNS = ["number", "state", "failure_reason", "val_bpb", "tokens_per_s", "mfu", "peak_mem_mb",
-           "first_step_s", "sim_val_bpb", "sim_tokens_per_s", "wall_s"]
+           "first_step_s", "sim_val_bpb", "sim_tokens_per_s", "wall_s", "fidelity",
+           "fidelity_reason", "worker_pid", "lock_wait_s", "nvml_util_mean_pct",
+           "nvml_mem_max_mb", "nvml_power_mean_w", "nvml_sm_clock_max_mhz"]
+TELEMETRY = {"nvml_util_mean_pct": "utilization_pct_mean", "nvml_mem_max_mb": "memory_used_mb_max",
+             "nvml_power_mean_w": "power_w_mean", "nvml_sm_clock_max_mhz": "sm_clock_mhz_max"}
 KNOBS = ["total_batch", "device_batch_effective", "grad_accum", "dtype", "tf32", "compile",
          "optimizer", "attention", "lr_mult", "warmup_frac"]
 
@@ -62,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="per-trial trainer logs (default: autoscout-logs/gpu-check)")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU smoke test of this script: tiny budget, device cpu")
+    parser.add_argument("--summarize", metavar="STORAGE",
+                        help="run nothing: write the tables of the study in STORAGE (e.g. the "
+                             "one `autoscout run gpt_training` workers filled)")
+    parser.add_argument("--study-name", default="gpt_training", help="with --summarize")
     args = parser.parse_args(argv)
+    if args.summarize:
+        return summarize(args)
     if args.dry_run:
         args.device, args.time_budget = "cpu", min(args.time_budget, 2.0)
     # `timeout` in gpu_check.sh sends SIGTERM: exit through the runner's cleanup, which kills
@@ -145,49 +155,67 @@ def rows(study) -> list[dict]:
             continue
         attrs = trial.user_attrs
         config = attrs.get("gpu_check:config", {})
+        # a pruned trial's value is the simulator's estimate, not a measurement
+        measured = trial.state.name == "COMPLETE"
+        telemetry = attrs.get("run:telemetry") or {}
         row = {
             "number": trial.number, "state": trial.state.name,
             "failure_reason": attrs.get("failure_reason", ""),
-            "val_bpb": trial.value if trial.value is not None else "",
+            "val_bpb": trial.value if measured else "",
             "tokens_per_s": attrs.get("tokens_per_s", attrs.get("run:throughput_mean", "")),
             "mfu": attrs.get("mfu", ""), "peak_mem_mb": attrs.get("peak_mem_mb", ""),
             "first_step_s": attrs.get("first_step_s", ""),
-            "sim_val_bpb": attrs.get("sim_val_bpb", ""),
+            "sim_val_bpb": attrs.get("sim_val_bpb", attrs.get("autoscout:estimate", "")),
             "sim_tokens_per_s": attrs.get("run:expected_throughput", ""),
             "wall_s": attrs.get("run:wall_s", ""),
+            "fidelity": attrs.get("autoscout:fidelity", ""),
+            "fidelity_reason": attrs.get("autoscout:fidelity_reason", ""),
+            "worker_pid": (trial.system_attrs.get("autoscout:worker") or {}).get("pid", ""),
+            "lock_wait_s": attrs.get("run:lock_wait_s", ""),
+            **{column: telemetry.get(key, "") for column, key in TELEMETRY.items()},
         }
+        if not config:  # trials of `autoscout run` record no config attr: use the params
+            config = dict(trial.params, total_batch=2 ** trial.params.get("total_batch_log2", 0))
         for knob in KNOBS:
             row[knob] = config.get(knob, "")
         table.append(row)
     return table
 
 
+MD_COLUMNS = ["number", "state", "failure_reason", "fidelity", "val_bpb", "tokens_per_s", "mfu",
+              "peak_mem_mb", "nvml_mem_max_mb", "nvml_util_mean_pct", "first_step_s",
+              "sim_val_bpb", "worker_pid", "lock_wait_s"]
+
+
 def write_results(study, out: Path, definition, args, torch) -> None:
+    options = definition.options
+    write_tables(study, out, [
+        f"- device: {options['device_name']} ({options['device']}); torch {torch.__version__}; "
+        f"Python {platform.python_version()}",
+        f"- training budget per trial: {options['time_budget']:g} s; model size "
+        f"{options['size']}{' (dry run)' if args.dry_run else ''}",
+    ])
+
+
+def write_tables(study, out: Path, header: list[str]) -> None:
+    """``results.csv`` (every column) and ``results.md`` (the main ones) of ``study``."""
     table = rows(study)
     with open(out / "results.csv", "w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=COLUMNS + KNOBS)
         writer.writeheader()
         writer.writerows(table)
-    options = definition.options
     lines = [
         "# GPT-training study: GPU check",
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- device: {options['device_name']} ({options['device']}); torch {torch.__version__}; "
-        f"Python {platform.python_version()}",
-        f"- training budget per trial: {options['time_budget']:g} s; model size "
-        f"{options['size']}; {len(table)} trials{' (dry run)' if args.dry_run else ''}",
+        *header,
+        f"- {len(table)} finished trials",
         "",
-        "| # | state | reason | val_bpb | tokens/s | MFU | peak MB | 1st step s | sim bpb | "
-        + " | ".join(KNOBS) + " |",
-        "|" + "---|" * (9 + len(KNOBS)),
+        "| " + " | ".join(MD_COLUMNS + KNOBS) + " |",
+        "|" + "---|" * (len(MD_COLUMNS) + len(KNOBS)),
     ]
     for row in table:
-        cells = [row["number"], row["state"], row["failure_reason"], _fmt(row["val_bpb"]),
-                 _fmt(row["tokens_per_s"]), _fmt(row["mfu"]), _fmt(row["peak_mem_mb"]),
-                 _fmt(row["first_step_s"]), _fmt(row["sim_val_bpb"])]
-        cells += [_fmt(row[k]) for k in KNOBS]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+        lines.append("| " + " | ".join(_fmt(row[c]) for c in MD_COLUMNS + KNOBS) + " |")
     complete = [r for r in table if r["state"] == "COMPLETE"]
     if complete:
         best = min(complete, key=lambda r: r["val_bpb"])
@@ -196,10 +224,33 @@ def write_results(study, out: Path, definition, args, torch) -> None:
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
+def summarize(args) -> int:
+    """Tables of the study that ``autoscout run gpt_training`` workers filled."""
+    import optuna
+
+    study = optuna.load_study(study_name=args.study_name, storage=args.summarize)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        import torch
+
+        device = (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
+        versions = f"torch {torch.__version__}"
+    except ImportError:
+        device, versions = "unknown", "no torch"
+    workers = {r["worker_pid"] for r in rows(study) if r["worker_pid"] != ""}
+    write_tables(study, out, [
+        f"- device: {device}; {versions}; Python {platform.python_version()}",
+        f"- study {args.study_name!r} in {args.summarize}: {len(workers)} worker process(es)",
+    ])
+    print(f"{len(study.trials)} trials; results in {out / 'results.csv'} and {out / 'results.md'}")
+    return 0
+
+
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    return "" if value is None else str(value)
+    return "" if value is None else str(value).replace("|", "/")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -193,3 +194,56 @@ def test_progress_lines_plain_and_redrawn():
     redraw.close()
     text = tty.getvalue()
     assert text.count("\r") == 2 and text.endswith("\n") and "[2/?]" in text
+
+
+BUSY_STUDY = TOY_STUDY.replace(
+    "        measure=measure, simulate=lambda config: 1.1 * measure(config, None),",
+    "        measure=measure, simulate=lambda config: busy_simulate(config, measure),",
+) + '''
+
+def busy_simulate(config, measure):
+    """A second worker adds a trial to the same study while this one runs (once)."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    study = optuna.load_study(study_name="toy", storage="sqlite:///autoscout.db")
+    if not any(t.user_attrs.get("foreign") for t in study.trials):
+        study.add_trial(optuna.trial.create_trial(
+            params={"x": 0.1}, distributions={"x": FloatDistribution(0.0, 1.0)}, value=1.1,
+            user_attrs={"foreign": True},
+            system_attrs={"autoscout:worker": {"host": "elsewhere", "pid": 1, "start": 1}}))
+    return 1.1 * measure(config, None)
+'''
+
+
+def test_a_second_worker_skips_the_claimed_default_and_counts_only_its_own_trials(toy, capsys):
+    from autoscout_optuna._recovery import worker_identity
+
+    (toy / "busy_study.py").write_text(BUSY_STUDY)
+    study = optuna.create_study(storage=f"sqlite:///{toy / 'autoscout.db'}", study_name="toy",
+                                direction="maximize")
+    # the first worker (our parent process: alive) is measuring the default config
+    study.set_user_attr(cli.DEFAULT_CLAIM_KEY, worker_identity(os.getppid()))
+    status, out, err = _run_cli(capsys, "run", "busy_study.py", "--n-trials", "3", "--seed", "1")
+    assert status == 0, err
+    assert "measuring the default" not in err and "being measured by worker" in err
+    assert len(_study(toy).trials) == 4  # 3 of ours and the other worker's
+    assert "4 trials, 3 added by this run" in out
+
+
+def test_a_default_claim_left_by_a_dead_worker_is_taken_over(toy, capsys):
+    from autoscout_optuna._dashboard import DEFAULT_VALUE_KEY
+    from autoscout_optuna._recovery import worker_identity
+
+    waiting = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                               stdin=subprocess.PIPE)
+    dead = worker_identity(waiting.pid)  # taken while it lives, as a worker records it
+    waiting.communicate(b"")  # now it has exited
+    study = optuna.create_study(storage=f"sqlite:///{toy / 'autoscout.db'}", study_name="toy",
+                                direction="maximize")
+    study.set_user_attr(cli.DEFAULT_CLAIM_KEY, dead)
+    status, out, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "1")
+    assert status == 0, err
+    assert "measuring the default" in err
+    assert _study(toy).user_attrs[DEFAULT_VALUE_KEY] == pytest.approx(1.5)
+    assert "default config     1.5 items/s" in out

@@ -147,7 +147,8 @@ class CommandRunner:
 
         Returns:
             Metric name to value. On ``trial`` each metric is also a user attr, next to
-            ``run:log``, ``run:wall_s``, ``run:returncode`` and ``run:telemetry``.
+            ``run:log``, ``run:wall_s``, ``run:returncode``, ``run:telemetry`` and, where a
+            device is locked, ``run:lock_wait_s``.
 
         Raises:
             RunFailed: with ``.reason`` in ``REASONS``, after recording ``failure_reason``.
@@ -168,7 +169,11 @@ class CommandRunner:
             self.telemetry and self.lock and self.lock.isdigit()) else None
         try:
             if lock is not None:
+                waited_from = time.monotonic()
                 lock.acquire()
+                # with several workers per GPU, the time queued for the device is part of the
+                # cost of a trial, and a long wait points at a stuck lock holder
+                attrs["run:lock_wait_s"] = round(time.monotonic() - waited_from, 3)
                 if lock.stale_removed:
                     attrs["run:stale_lock_removed"] = lock.stale_removed
             if telemetry is not None:

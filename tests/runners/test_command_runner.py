@@ -175,3 +175,14 @@ def test_env_template_and_artifact_upload(tmp_path):
     assert trial.value == 7.0
     artifact_id = trial.user_attrs["run:log_artifact_id"]
     assert (store_dir / artifact_id).read_text().startswith("val_bpb: 7")
+
+
+def test_time_queued_for_the_device_lock_is_recorded(tmp_path):
+    locks = tmp_path / "locks"
+    trial = run_in_study(script_runner(tmp_path, SUCCESS, lock="3", lock_dir=locks,
+                                       telemetry=False))
+    assert trial.state == TrialState.COMPLETE
+    assert trial.user_attrs["run:lock_wait_s"] >= 0.0
+    assert not list(locks.glob("*.lock"))  # released after the run
+    unlocked = run_in_study(script_runner(tmp_path, SUCCESS))
+    assert "run:lock_wait_s" not in unlocked.user_attrs
