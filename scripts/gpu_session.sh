@@ -57,10 +57,11 @@ for seed in 1 2; do
     -o timeout="$RUN_TIMEOUT_S" -o log_dir="$OUT_DIR/logs" \
     --artifact-dir "$OUT_DIR/artifacts" >"$OUT_DIR/worker$seed.log" 2>&1 &
   pids+=($!)
-  # the second worker joins once the first has created the study (two processes creating
-  # one SQLite schema at the same instant can collide; joining a running study is the norm)
+  # the second worker joins once the first has created the study and claimed the default
+  # config's measurement (two processes creating one SQLite schema at the same instant can
+  # collide; joining a running study is the norm)
   for _ in $(seq 120); do
-    "$PYTHON" -c "import optuna; optuna.load_study(study_name='gpt_training', storage='sqlite:///$DB')" \
+    "$PYTHON" -c "import optuna, sys; s = optuna.load_study(study_name='gpt_training', storage='sqlite:///$DB'); sys.exit('autoscout:default_claim' not in s.user_attrs)" \
       2>/dev/null && break
     sleep 0.5
   done

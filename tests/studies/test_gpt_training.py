@@ -143,3 +143,21 @@ def test_gpu_check_script_dry_run_writes_its_tables(tmp_path):
     for column in ("state", "failure_reason", "val_bpb", "tokens_per_s", "mfu", "dtype"):
         assert column in header
     assert "(dry run)" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_gpu_session_script_rehearses_two_workers_on_cpu(tmp_path):
+    out = tmp_path / "session"
+    env = dict(os.environ, PYTHON=sys.executable, DRY_RUN="1", WORKER_S="12", BUDGET_S="1",
+               RUN_TIMEOUT_S="40")
+    result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_session.sh"), str(out)],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    logs = [(out / f"worker{i}.log").read_text() for i in (1, 2)]
+    # one worker measures the default config, the other skips it
+    assert sum("measuring the default config" in log for log in logs) == 1, logs
+    assert sum("being measured by worker" in log for log in logs) == 1, logs
+    rows = (out / "results.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    pids = {row.split(",")[header.index("worker_pid")] for row in rows[1:]}
+    assert len(rows) > 2 and len(pids - {""}) == 2  # trials from both workers
