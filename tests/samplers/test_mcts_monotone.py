@@ -74,3 +74,19 @@ def test_feasibility_model_applies_the_rule_only_when_given_numeric_values():
     p_plain, p = plain.p_fail(candidates), monotone.p_fail(candidates)
     assert p_plain[0] < DOMINATED_P_FAIL and p[0] == DOMINATED_P_FAIL
     assert p_plain[1] > 0.0 and p[1] == 0.0
+
+
+def test_repeated_structures_are_one_anchor_and_blocks_give_the_same_answer(monkeypatch):
+    from autoscout_optuna.samplers._mcts import monotone
+
+    rng = np.random.default_rng(0)
+    candidates = np.column_stack([rng.integers(0, 4, 200), rng.integers(0, 3, 200),
+                                  rng.integers(0, 3, 200)])
+    single = _model(ROWS, FAILED)
+    repeated = _model(ROWS * 50, FAILED * 50)  # each structure refined 50 times
+    assert len(repeated.failures) == 1 and len(repeated.successes) == 2
+    expected = single.verdicts(candidates)
+    monkeypatch.setattr(monotone, "CELLS_PER_BLOCK", 7)  # a block of one or two rows
+    for got, want in zip(repeated.verdicts(candidates), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert expected[0].any() and expected[1].any()  # both verdicts occur
