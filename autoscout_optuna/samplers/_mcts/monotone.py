@@ -80,7 +80,8 @@ def fit_dominance(
         heaviness[j, : len(w)] = _column_heaviness(np.asarray(w, float), values, seen[j])
     # Trials that share a structure (dense refinements of one layout) are one anchor: the rule
     # only asks whether *any* anchor dominates, and a long study repeats its structures
-    # thousands of times (5,000 trials on 300 structures, 20 % failed: 0.55 s per plan without this, 15 ms with).
+    # thousands of times (5,000 trials on 300 structures, 20 % failed: 0.55 s per plan
+    # without this, 15 ms with).
     failures = np.unique(codes[failed], axis=0)
     successes = np.unique(codes[feasible], axis=0)
     # A success at least as heavy as a failure contradicts the order: drop both from evidence.
