@@ -50,6 +50,23 @@ def test_refinement_is_not_credited_with_a_lucky_structure():
     assert arm_rewards(outcomes, estimator="naive")[2] == 0
 
 
+def test_explore_on_a_known_structure_is_not_credited_with_copied_tuning():
+    # A is tuned from 1.0 to 3.0. B was met once at 1.2; an explore trial brings A's tuned
+    # dense values to B (2.5): far above B's own best, but below A at the same dense values.
+    # A refinement of B to the same score is B's own gain and earns.
+    history = [
+        ArmOutcome("startup", "A", 1.0),
+        ArmOutcome("startup", "B", 1.2),
+        ArmOutcome("refine", "A", 3.0),
+    ]
+    explore = arm_rewards([*history, ArmOutcome("explore", "B", 2.5)])[-1]
+    refine = arm_rewards([*history, ArmOutcome("refine", "B", 2.5)])[-1]
+    beyond = arm_rewards([*history, ArmOutcome("explore", "B", 3.5)])[-1]
+    assert explore == 0
+    assert refine > 0
+    assert beyond > 0
+
+
 def test_gains_within_measurement_noise_earn_nothing():
     outcomes = [ArmOutcome("startup", "A", 10.0), ArmOutcome("refine", "A", 10.5)]
     assert arm_rewards(outcomes, noise=0.0)[1] > 0

@@ -17,9 +17,14 @@ trial that shares with ``t`` the factor ``t``'s arm did not change::
 * explore or neighbour, new structure (stage 0 of its tuning): the control is the incumbent
   structure at stage 0, i.e. its first evaluation. The second difference ``y_c - y*``
   removes the tuning gain the incumbent has had and the new structure has not.
-* refine (dense knobs moved, structure kept), or explore landing on a known structure: the
-  control is that structure's best earlier score: the step is credited only with what it
-  added to its own structure.
+* refine (dense knobs moved, structure kept): the control is that structure's best earlier
+  score: the step is credited only with what it added to its own structure.
+* explore or neighbour landing on a known structure: the control is the incumbent. The trial
+  carries the incumbent's dense values onto a structure measured before, often at untuned
+  values; against that structure's own best it would be credited with the tuning the refine
+  arm did and it only copied (on llm_serving such trials earned over half of the explore
+  arm's reward, and the refine arm got a quarter of the trials). Only the structure is new to
+  these dense values, so the incumbent, at the same values, is the like-for-like control.
 
 The bandit is after improvements (a search is judged by its best value), so the reward is the
 *gain* over the control, scaled and squashed::
@@ -110,11 +115,12 @@ class Ledger:
             return None
         if estimator == "naive":
             return self.best[self.incumbent]
-        if outcome.structure in self.best:
-            return self.best[outcome.structure]
-        if outcome.arm != "refine":  # explore or neighbour: a new structure, at its stage 0
-            return self.first[self.incumbent]
-        return self.best[self.incumbent]
+        known = outcome.structure in self.best
+        if outcome.arm == "refine":
+            return self.best[outcome.structure if known else self.incumbent]
+        if known:  # the incumbent's dense values on a structure seen before: see module doc
+            return self.best[self.incumbent]
+        return self.first[self.incumbent]  # a new structure, at its stage 0
 
 
 def arm_rewards(

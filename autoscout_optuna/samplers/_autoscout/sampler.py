@@ -55,11 +55,13 @@ class AutoScoutSampler(BaseSampler):
        with ``y*`` the incumbent, ``s`` the spread of scores, ``noise`` the measurement noise
        seen on repeated configs, and the control ``y_c`` the incumbent structure at a
        comparable stage of dense tuning: its *first* evaluation for a new structure (stage 0
-       against stage 0), the structure's own best for a refinement step. FAIL scores -0.02 (MCTS
-       itself steers away from failing subtrees; a larger penalty starved exploration);
-       PRUNED trials (step-0 estimates) count with weight ``estimate_weight``; RUNNING
-       trials count as pulls at the arm's mean. Discounted Thompson sampling with a floor
-       picks the arm (:mod:`~autoscout_optuna.samplers._autoscout.bandit`).
+       against stage 0), the structure's own best for a refinement step, the incumbent for an
+       explore trial on a known structure (it carries the incumbent's dense values). FAIL
+       scores -0.02 (MCTS itself steers away from failing subtrees; a larger penalty starved
+       exploration); PRUNED trials (step-0 estimates) count with weight
+       ``estimate_weight``; RUNNING trials count as pulls at the arm's mean. Discounted
+       Thompson sampling with a floor picks the arm
+       (:mod:`~autoscout_optuna.samplers._autoscout.bandit`).
     3. **Refine target**: structures ranked by potential ``best(s) + max(0, gain(s*) - gain(s)
        - 2 noise)`` (``gain`` = best minus first score of a structure, ``s*`` the incumbent
        structure): a structure that beat the incumbent at a comparable stage gets dense tuning
