@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return definition.measure_trial(trial, config)
 
-    study.enqueue_trial(_default_params(definition))
+    study.enqueue_trial(package.studies.gpt_training.default_params(definition))
     # Trials run back to back until the cap. The last ones get a timeout cut to the time left
     # (first seen on an H200: two of five trials were max-autotune compiles killed at the full
     # timeout, and waiting for a whole timeout's worth of time left wasted half the check).
@@ -134,13 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _default_params(definition) -> dict:
-    config = definition.default_config
-    names = ["total_batch_log2", "device_batch", "dtype", "compile", "optimizer", "attention",
-             "lr_mult", "warmup_frac"]
-    return {name: config[name] for name in names if name in config}
-
-
 def _line(trial) -> str:
     attrs = trial.user_attrs
     return (f"trial {trial.number}: {trial.state.name} val_bpb={trial.value} "
@@ -149,6 +142,8 @@ def _line(trial) -> str:
 
 
 def rows(study) -> list[dict]:
+    from autoscout_optuna import _keys
+
     table = []
     for trial in study.trials:
         if not trial.state.is_finished():
@@ -160,17 +155,17 @@ def rows(study) -> list[dict]:
         telemetry = attrs.get("run:telemetry") or {}
         row = {
             "number": trial.number, "state": trial.state.name,
-            "failure_reason": attrs.get("failure_reason", ""),
+            "failure_reason": attrs.get(_keys.FAILURE_REASON, ""),
             "val_bpb": trial.value if measured else "",
             "tokens_per_s": attrs.get("tokens_per_s", attrs.get("run:throughput_mean", "")),
             "mfu": attrs.get("mfu", ""), "peak_mem_mb": attrs.get("peak_mem_mb", ""),
             "first_step_s": attrs.get("first_step_s", ""),
-            "sim_val_bpb": attrs.get("sim_val_bpb", attrs.get("autoscout:estimate", "")),
+            "sim_val_bpb": attrs.get("sim_val_bpb", attrs.get(_keys.ESTIMATE, "")),
             "sim_tokens_per_s": attrs.get("run:expected_throughput", ""),
             "wall_s": attrs.get("run:wall_s", ""),
-            "fidelity": attrs.get("autoscout:fidelity", ""),
-            "fidelity_reason": attrs.get("autoscout:fidelity_reason", ""),
-            "worker_pid": (trial.system_attrs.get("autoscout:worker") or {}).get("pid", ""),
+            "fidelity": attrs.get(_keys.FIDELITY, ""),
+            "fidelity_reason": attrs.get(_keys.FIDELITY_REASON, ""),
+            "worker_pid": (trial.system_attrs.get(_keys.WORKER) or {}).get("pid", ""),
             "lock_wait_s": attrs.get("run:lock_wait_s", ""),
             **{column: telemetry.get(key, "") for column, key in TELEMETRY.items()},
         }
@@ -189,7 +184,7 @@ MD_COLUMNS = ["number", "state", "failure_reason", "fidelity", "val_bpb", "token
 
 def write_results(study, out: Path, definition, args, torch) -> None:
     options = definition.options
-    write_tables(study, out, [
+    write_tables(rows(study), out, [
         f"- device: {options['device_name']} ({options['device']}); torch {torch.__version__}; "
         f"Python {platform.python_version()}",
         f"- training budget per trial: {options['time_budget']:g} s; model size "
@@ -197,9 +192,8 @@ def write_results(study, out: Path, definition, args, torch) -> None:
     ])
 
 
-def write_tables(study, out: Path, header: list[str]) -> None:
-    """``results.csv`` (every column) and ``results.md`` (the main ones) of ``study``."""
-    table = rows(study)
+def write_tables(table: list[dict], out: Path, header: list[str]) -> None:
+    """``results.csv`` (every column) and ``results.md`` (the main ones) of ``rows(study)``."""
     with open(out / "results.csv", "w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=COLUMNS + KNOBS)
         writer.writeheader()
@@ -238,8 +232,9 @@ def summarize(args) -> int:
         versions = f"torch {torch.__version__}"
     except ImportError:
         device, versions = "unknown", "no torch"
-    workers = {r["worker_pid"] for r in rows(study) if r["worker_pid"] != ""}
-    write_tables(study, out, [
+    table = rows(study)
+    workers = {row["worker_pid"] for row in table if row["worker_pid"] != ""}
+    write_tables(table, out, [
         f"- device: {device}; {versions}; Python {platform.python_version()}",
         f"- study {args.study_name!r} in {args.summarize}: {len(workers)} worker process(es)",
     ])

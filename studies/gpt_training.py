@@ -177,6 +177,20 @@ def simulate_run(config: Mapping[str, Any], *, info: Mapping[str, Any],
             "first_step_s": compile_s}
 
 
+# The knobs ``suggest_config`` asks for, in the default config's keys (``tf32`` is asked only
+# for fp32, which no device's default uses).
+SEARCHED_KNOBS = ("total_batch_log2", "device_batch", "dtype", "compile", "optimizer",
+                  "attention", "lr_mult", "warmup_frac")
+
+
+def default_params(study_def: StudyDefinition) -> dict[str, Any]:
+    """The default config as trial params, for ``study.enqueue_trial`` (the rest of the config
+    is derived or fixed; knobs the device does not search, like ``compile`` on a CPU, are left
+    out)."""
+    config = study_def.default_config or {}
+    return {name: config[name] for name in SEARCHED_KNOBS if name in config}
+
+
 def trainer_command(python: str = sys.executable, data: str | None = None) -> list[str]:
     """The trainer's argument list with ``{placeholders}`` for :class:`CommandRunner`."""
     keys = {"time_budget": "time_budget", "n_layer": "n_layer", "n_head": "n_head",

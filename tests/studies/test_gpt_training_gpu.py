@@ -10,6 +10,7 @@ import math
 
 import optuna
 import pytest
+from autoscout_optuna.studies.gpt_training import default_params, probe_device
 from optuna.trial import TrialState
 
 from autoscout_optuna import Infeasible, studies
@@ -37,13 +38,6 @@ def run_one(definition, params: dict):
     return study.trials[-1]
 
 
-def default_params(definition) -> dict:
-    config = definition.default_config
-    return {name: config[name] for name in ("total_batch_log2", "device_batch", "dtype",
-                                             "compile", "optimizer", "attention", "lr_mult",
-                                             "warmup_frac")}
-
-
 def test_the_default_config_trains_and_records_speed_mfu_and_telemetry(gpu_study):
     trial = run_one(gpu_study, default_params(gpu_study))
     assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("failure_reason")
@@ -63,8 +57,6 @@ def test_the_default_config_trains_and_records_speed_mfu_and_telemetry(gpu_study
 
 
 def test_every_attention_backend_the_probe_offers_really_trains(tmp_path):
-    from autoscout_optuna.studies.gpt_training import probe_device
-
     offered = probe_device("cuda")["attention"]
     assert "flash" in offered  # any CUDA GPU since Ampere
     # the too_slow guard is off: this test is about each backend running, not its speed
