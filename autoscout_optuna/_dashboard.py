@@ -28,7 +28,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _storage
-from autoscout_optuna._keys import ARM, SIM_ERROR, TRUE_VALUE
+from autoscout_optuna._keys import ARM, FIDELITY, SIM_ERROR, TRUE_VALUE
 from autoscout_optuna._progress import format_value
 
 ORDER_KEY = "mcts:order"  # the feature priority order MCTSSampler used for a trial
@@ -47,7 +47,7 @@ class SearchSummary:
     n_trials: int
     real: int  # COMPLETE: measured for real
     simulated: int  # PRUNED with an estimate: the simulator's word was taken, a real run saved
-    failed: int
+    failed: int  # FAIL, including ``predicted_failures``
     best_number: int | None
     best_value: float | None
     best_true_value: float | None  # reference studies: the best trial's noiseless value
@@ -56,6 +56,7 @@ class SearchSummary:
     default_value: float | None
     arms: Mapping[str, Mapping[str, Any]]  # arm -> {trials, real, simulated, failed, best}
     simulator_errors: list[tuple[int, float]] = field(default_factory=list)  # (trial, rel. err)
+    predicted_failures: int = 0  # FAIL predicted by the simulator: no real run was spent
 
     @property
     def gain_over_default(self) -> float | None:
@@ -109,6 +110,10 @@ def summarize(study: optuna.Study) -> SearchSummary:
         default_value=_number(user_attrs.get(DEFAULT_VALUE_KEY)),
         arms=arms,
         simulator_errors=_simulator_errors(trials),
+        predicted_failures=sum(
+            1 for t in trials
+            if t.state == TrialState.FAIL and t.user_attrs.get(FIDELITY) == "simulator"
+        ),
     )
 
 
@@ -121,7 +126,7 @@ def note_markdown(summary: SearchSummary, plot_links: Mapping[str, str] | None =
         "",
         f"_Updated {now}. {summary.n_trials} finished trials: {summary.real} real runs, "
         f"{summary.simulated} simulated (real runs saved by simulators), "
-        f"{summary.failed} failed; {summary.direction}._",
+        f"{summary.failed} failed{_predicted_text(summary)}; {summary.direction}._",
         "",
         "### Best configuration",
     ]
@@ -318,6 +323,12 @@ def _number(value: Any) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
+
+
+def _predicted_text(summary: SearchSummary) -> str:
+    if not summary.predicted_failures:
+        return ""
+    return f" ({summary.predicted_failures} predicted by the simulator, no run spent)"
 
 
 def _fresh_trials(study: optuna.Study) -> list[FrozenTrial]:

@@ -15,7 +15,7 @@ from typing import TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autoscout_optuna._keys import FAILURE_REASON
+from autoscout_optuna._keys import FAILURE_REASON, FIDELITY
 
 
 class ProgressReporter:
@@ -81,7 +81,7 @@ class ProgressReporter:
         elapsed = time.monotonic() - self._started
         outcome = _OUTCOME.get(trial.state, trial.state.name.lower())
         if trial.state == TrialState.FAIL:
-            outcome += f" ({trial.user_attrs.get(FAILURE_REASON, 'error')})"
+            outcome += f" ({failure_text(trial)})"
         return (
             f"[{self.done}/{total}] trial {trial.number} {outcome:<16} "
             f"best {_best_text(study, self.metric)} | real {self.real} simulated "
@@ -119,7 +119,9 @@ def summary_text(study: optuna.Study, added: int | None = None) -> str:
     rows = [
         ("real runs", f"{summary.real} (measured)"),
         ("simulated", f"{summary.simulated} (simulator estimate trusted, real run saved)"),
-        ("failed", f"{summary.failed} (infeasible, crashed or stopped: see failure_reason)"),
+        ("failed", f"{summary.failed} (infeasible, crashed or stopped: see failure_reason)"
+                   + (f"; {summary.predicted_failures} of them predicted by the simulator, "
+                      "no run spent" if summary.predicted_failures else "")),
     ]
     if summary.best_value is None:
         rows.append(("best", "no real run completed yet"))
@@ -150,6 +152,16 @@ def summary_text(study: optuna.Study, added: int | None = None) -> str:
 
 
 _OUTCOME = {TrialState.COMPLETE: "real", TrialState.PRUNED: "simulated", TrialState.FAIL: "failed"}
+
+
+def failure_text(trial: FrozenTrial) -> str:
+    """A FAIL trial's reason, marked when the simulator predicted it and no run was spent."""
+    reason = str(trial.user_attrs.get(FAILURE_REASON, "error"))
+    # A simulator-refused config carries the reason it would fail with (``timeout``, ``oom``);
+    # bare, that reads like a run that hung or crashed.
+    if trial.user_attrs.get(FIDELITY) == "simulator":
+        return f"{reason}, predicted"
+    return reason
 
 
 def _best_text(study: optuna.Study, metric: str) -> str:

@@ -247,3 +247,29 @@ def test_a_default_claim_left_by_a_dead_worker_is_taken_over(toy, capsys):
     assert "measuring the default" in err
     assert _study(toy).user_attrs[DEFAULT_VALUE_KEY] == pytest.approx(1.5)
     assert "default config     1.5 items/s" in out
+
+
+def test_a_simulator_refused_trial_reads_as_predicted_not_as_a_hung_run():
+    from autoscout_optuna import Infeasible
+    from autoscout_optuna._progress import summary_text
+    from autoscout_optuna.fidelity import multi_fidelity_objective
+
+    def estimate(config):
+        if config["x"] > 0.5:
+            raise Infeasible("timeout", "first step alone exceeds the time limit")
+        return config["x"]
+
+    objective = multi_fidelity_objective(
+        lambda trial: {"x": trial.suggest_float("x", 0, 1)}, estimate, lambda c: c["x"]
+    )
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
+    stream = io.StringIO()
+    reporter = ProgressReporter(n_trials=20, stream=stream, is_tty=False)
+    study.optimize(objective, n_trials=20, callbacks=[reporter], catch=(Infeasible,))
+    refused = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert refused and all(t.params["x"] > 0.5 for t in refused)
+    lines = stream.getvalue().splitlines()
+    for trial in refused:
+        assert f"trial {trial.number} failed (timeout, predicted)" in lines[trial.number]
+    text = summary_text(study)
+    assert f"{len(refused)} of them predicted by the simulator, no run spent" in text
