@@ -26,6 +26,9 @@ import optuna
 DEFAULT_STORAGE = "sqlite:///autoscout.db"
 DEFAULT_ARTIFACT_DIR = "artifacts"
 DEFAULT_CLAIM_KEY = "autoscout:default_claim"  # study user attr: the worker measuring the default
+# Seconds a worker waits after writing its claim before reading it back: workers that start
+# together all see no claim and all write one; the last write wins and the others step back.
+CLAIM_SETTLE_S = 1.0
 DEFAULT_N_TRIALS = 30  # when the study does not say: a few minutes on 2 CPU cores
 HEARTBEAT_INTERVAL_S = 60
 HEARTBEAT_GRACE_S = 300  # longer than any pause of a healthy worker between heartbeats
@@ -289,8 +292,9 @@ def evaluate_default(study: optuna.Study, definition: Any) -> None:
     With several workers on one study, the first to start claims the measurement (study user
     attr ``autoscout:default_claim``, its host and pid) and the others go straight to their
     trials instead of queueing for the GPU to measure it again (seen on an H200 with two
-    workers: the second spent 3 of its 4 minutes on a duplicate measurement). A claim whose
-    worker died on this host is taken over.
+    workers: the second spent 3 of its 4 minutes on a duplicate measurement). Workers that
+    start together each write a claim, wait ``CLAIM_SETTLE_S`` and read it back: only the last
+    writer measures. A claim whose worker died on this host is taken over.
     """
     from autoscout_optuna import Infeasible
     from autoscout_optuna._dashboard import DEFAULT_VALUE_KEY
@@ -299,11 +303,17 @@ def evaluate_default(study: optuna.Study, definition: Any) -> None:
     if definition.default_config is None or DEFAULT_VALUE_KEY in study.user_attrs:
         return
     claim = study.user_attrs.get(DEFAULT_CLAIM_KEY)
-    if claim is not None and not worker_gone(claim):
+    me = worker_identity()
+    if claim is None or worker_gone(claim):
+        study.set_user_attr(DEFAULT_CLAIM_KEY, me)
+        # Storage has no compare-and-set on attrs: read the claim back once the workers that
+        # started with us have written theirs (last write wins).
+        time.sleep(CLAIM_SETTLE_S)
+        claim = study.user_attrs.get(DEFAULT_CLAIM_KEY)
+    if claim != me:
         print(f"the default config is being measured by worker {claim.get('host')}:"
               f"{claim.get('pid')}", file=sys.stderr)
         return
-    study.set_user_attr(DEFAULT_CLAIM_KEY, worker_identity())
     kind = "a real run" if definition.is_real else "noiseless reference"
     print(f"measuring the default config once ({kind})", file=sys.stderr)
     try:

@@ -24,6 +24,7 @@ TOY_STUDY = (Path(__file__).parent / "toy_study.py").read_text()
 def toy(tmp_path, monkeypatch):
     """Work in a fresh folder (autoscout.db and artifacts/ land there) with the toy study."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "CLAIM_SETTLE_S", 0.0)  # no other worker starts with these runs
     (tmp_path / "toy_study.py").write_text(TOY_STUDY)
     return tmp_path
 
@@ -229,6 +230,27 @@ def test_a_second_worker_skips_the_claimed_default_and_counts_only_its_own_trial
     assert "measuring the default" not in err and "being measured by worker" in err
     assert len(_study(toy).trials) == 4  # 3 of ours and the other worker's
     assert "4 trials, 3 added by this run" in out
+
+
+def test_workers_starting_together_measure_the_default_once(toy, capsys, monkeypatch):
+    from autoscout_optuna._dashboard import DEFAULT_VALUE_KEY
+    from autoscout_optuna._recovery import worker_identity
+
+    study = optuna.create_study(storage=f"sqlite:///{toy / 'autoscout.db'}", study_name="toy",
+                                direction="maximize")
+    settled = []
+
+    def another_worker_claims_meanwhile(seconds):
+        # Both saw no claim; the other worker (our live parent process) writes last.
+        settled.append(seconds)
+        study.set_user_attr(cli.DEFAULT_CLAIM_KEY, worker_identity(os.getppid()))
+
+    monkeypatch.setattr(cli.time, "sleep", another_worker_claims_meanwhile)
+    status, out, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "2")
+    assert status == 0, err
+    assert settled == [cli.CLAIM_SETTLE_S]
+    assert "measuring the default" not in err and "being measured by worker" in err
+    assert DEFAULT_VALUE_KEY not in _study(toy).user_attrs  # the other worker's to measure
 
 
 def test_a_default_claim_left_by_a_dead_worker_is_taken_over(toy, capsys):
