@@ -30,7 +30,10 @@ COLUMNS = ["number", "state", "failure_reason", "val_bpb", "tokens_per_s", "mfu"
            "nvml_mem_max_mb", "nvml_power_mean_w", "nvml_sm_clock_max_mhz"]
 TELEMETRY = {"nvml_util_mean_pct": "utilization_pct_mean", "nvml_mem_max_mb": "memory_used_mb_max",
              "nvml_power_mean_w": "power_w_mean", "nvml_sm_clock_max_mhz": "sm_clock_mhz_max"}
-KNOBS = ["total_batch", "device_batch_effective", "grad_accum", "dtype", "tf32", "compile",
+# Mirrors studies/gpt_training.DERIVED_BATCH_KEYS (this script also runs where the package is not
+# importable before ``import_package``).
+DERIVED_BATCH_KEYS = ("total_batch", "device_batch_effective", "grad_accum")
+KNOBS = [*DERIVED_BATCH_KEYS, "dtype", "tf32", "compile",
          "optimizer", "attention", "lr_mult", "warmup_frac"]
 
 
@@ -169,8 +172,9 @@ def rows(study) -> list[dict]:
             "lock_wait_s": attrs.get("run:lock_wait_s", ""),
             **{column: telemetry.get(key, "") for column, key in TELEMETRY.items()},
         }
-        if not config:  # trials of `autoscout run` record no config attr: use the params
+        if not config:  # trials of `autoscout run`: params plus the derived batch split
             config = dict(trial.params, total_batch=2 ** trial.params.get("total_batch_log2", 0))
+            config.update({k: attrs[k] for k in DERIVED_BATCH_KEYS if k in attrs})
         for knob in KNOBS:
             row[knob] = config.get(knob, "")
         table.append(row)

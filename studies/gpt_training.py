@@ -36,6 +36,8 @@ SIZES = {
 DEFAULT_BUDGET_S = {"cpu": 6.0, "gpu": 300.0}
 BATCH_LOG2 = {"cpu": (10, 14), "gpu": (13, 19)}
 DEFAULT_BATCH_LOG2 = {"cpu": 11, "gpu": 17}  # gpu: the practitioner's best, 2^17 tokens
+#: Derived from the params and recorded as user attrs of each real run.
+DERIVED_BATCH_KEYS = ("total_batch", "device_batch_effective", "grad_accum")
 DEFAULT_DEVICE_BATCH = {"cpu": 8, "gpu": 32}
 DEVICE_BATCHES = {"cpu": [1, 2, 4, 8, 16], "gpu": [1, 2, 4, 8, 16, 32, 64, 128]}
 # Share of peak FLOP/s a healthy run reaches (the device-efficiency prior). It assumes half
@@ -294,6 +296,10 @@ def definition(*, device: str = "auto", time_budget: float | None = None,
         return runner.run(None, config)["val_bpb"]
 
     def measure_trial(trial: Any, config: Mapping[str, Any]) -> float:
+        # The batch split the run uses is derived (a device batch too large for the total is
+        # clamped); params alone do not show it, the dashboard and session tables should.
+        for key in DERIVED_BATCH_KEYS:
+            trial.set_user_attr(key, config[key])
         return runner.run(trial, config)["val_bpb"]
 
     default = dict(model, time_budget=budget, total_batch_log2=DEFAULT_BATCH_LOG2[kind],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import subprocess
 import sys
@@ -127,6 +129,9 @@ def test_one_real_trial_end_to_end(cpu_study):
     assert 0 < trial.value < 8.5
     for key in ("tokens_per_s", "mfu", "peak_mem_mb", "first_step_s", "run:log"):
         assert key in trial.user_attrs
+    attrs = trial.user_attrs  # the batch split the run used, derived from the params
+    assert attrs["total_batch"] == 2**10 and 1 <= attrs["device_batch_effective"] <= 4
+    assert 2**10 % (attrs["device_batch_effective"] * attrs["grad_accum"]) == 0
 
 
 @pytest.mark.slow
@@ -148,7 +153,7 @@ def test_gpu_check_script_dry_run_writes_its_tables(tmp_path):
 @pytest.mark.slow
 def test_gpu_session_script_rehearses_two_workers_on_cpu(tmp_path):
     out = tmp_path / "session"
-    env = dict(os.environ, PYTHON=sys.executable, DRY_RUN="1", WORKER_S="12", BUDGET_S="1",
+    env = dict(os.environ, PYTHON=sys.executable, DRY_RUN="1", WORKER_S="20", BUDGET_S="1",
                RUN_TIMEOUT_S="40")
     result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_session.sh"), str(out)],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -161,3 +166,7 @@ def test_gpu_session_script_rehearses_two_workers_on_cpu(tmp_path):
     header = rows[0].split(",")
     pids = {row.split(",")[header.index("worker_pid")] for row in rows[1:]}
     assert len(rows) > 2 and len(pids - {""}) == 2  # trials from both workers
+    table = list(csv.DictReader(io.StringIO((out / "results.csv").read_text())))
+    # the derived batch split of every real run is in the table, not just the params
+    assert all(r["grad_accum"] and r["device_batch_effective"]
+               for r in table if r["state"] == "COMPLETE")
