@@ -33,6 +33,7 @@ class FidelitySettings:
     min_pairs: int
     validation_top: float | None = None  # None: validate whatever trial opens a slot
     trust_window: int | None = None  # None: ``window`` alone decides trust
+    trust_confidence: float | None = None  # None: the trust window's median error, no bound
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def decide(
     if settings.trust_window is not None and settings.trust_window > settings.window:
         trust_error = measure_error(
             pair_estimates, pair_reals, window=settings.trust_window,
-            rank_tolerance=settings.rank_tolerance,
+            rank_tolerance=settings.rank_tolerance, confidence=settings.trust_confidence,
         )
     if estimate is None or not math.isfinite(estimate):
         return FidelityDecision(REAL, "no_estimate", error, None, trust_error)
@@ -104,13 +105,15 @@ def decide(
         # Until the simulator has been checked against enough real runs, nothing says it can
         # be trusted.
         return FidelityDecision(REAL, "warm_up", error, rank, trust_error)
-    # Quick to distrust, slow to trust: the recent window alone above threshold means real
+    # Quick to distrust, slow to trust: the recent window's error above threshold means real
     # runs (the search may have moved where the simulator is wrong), but trust needs the longer
-    # window below threshold too. A noisy simulator's recent error dips under the threshold now
-    # and then by the luck of a few pairs; the longer sample rarely does, so that luck does not
-    # buy pruned trials. Both are read from the pairs alone: no mode to remember or rebuild.
+    # window below threshold too, its relative error bounded from above when a confidence is
+    # set. A noisy simulator's recent error dips under the threshold now and then by the luck
+    # of a few pairs (most easily early on, when there are only a few); a bound over the
+    # longer sample rarely does, so that luck does not buy pruned trials. Both are read from
+    # the pairs alone: no mode to remember or rebuild.
     if _error_too_high(error, settings) or (
-        trust_error is not None and _error_too_high(trust_error, settings)
+        trust_error is not None and _error_too_high(trust_error, settings, bounded=True)
     ):
         return FidelityDecision(REAL, "simulator_error_high", error, rank, trust_error)
     if _validation_due(trial_number, last_real_number, settings) and (
@@ -170,8 +173,12 @@ def _could_beat(
     return sign * calibrated + doubt >= sign * best_real
 
 
-def _error_too_high(error: SimulatorError, settings: FidelitySettings) -> bool:
-    if error.relative_error is not None and error.relative_error > settings.error_threshold:
+def _error_too_high(
+    error: SimulatorError, settings: FidelitySettings, *, bounded: bool = False
+) -> bool:
+    relative = error.relative_error_bound if bounded else None
+    relative = error.relative_error if relative is None else relative
+    if relative is not None and relative > settings.error_threshold:
         return True
     return (
         settings.rank_error_threshold is not None

@@ -44,9 +44,9 @@ class FidelityPruner(BasePruner):
     reason, the estimate and the error at that time are recorded as user attrs
     (``autoscout:fidelity``, ``autoscout:fidelity_reason``, ``autoscout:estimate``,
     ``autoscout:sim_error``, ``autoscout:sim_error_detail``; the detail carries the
-    ``trust_window`` error as ``trust_relative_error``, ``trust_discordance`` and
-    ``trust_n_pairs``). All state is read back from storage on every call, so a resumed study
-    or a second worker decides alike.
+    ``trust_window`` error as ``trust_relative_error``, ``trust_relative_error_bound``,
+    ``trust_discordance`` and ``trust_n_pairs``). All state is read back from storage on
+    every call, so a resumed study or a second worker decides alike.
 
     The error has two parts (see ``autoscout_optuna.fidelity.measure_error``): the calibrated
     relative error (a constant factor between simulator and reality is harmless to a search and
@@ -95,6 +95,11 @@ class FidelityPruner(BasePruner):
             many pairs (the defaults) such dips are far rarer. The cost: after a genuinely bad
             stretch, trust returns only once the longer window has recovered. None, or not
             longer than ``window``: ``window`` alone.
+        trust_confidence: Trust also needs an upper confidence bound (at this confidence,
+            distribution-free) on the median relative error over ``trust_window`` below
+            ``error_threshold``, not just the median itself: early on, with a few pairs, the
+            median of a noisy simulator's errors falls below the threshold by luck far more
+            often than over 40. None: the median alone.
         min_pairs: Pairs needed before the error is trusted at all.
     """
 
@@ -111,12 +116,14 @@ class FidelityPruner(BasePruner):
         n_warmup_real: int = 5,
         window: int = 20,
         trust_window: int | None = 40,
+        trust_confidence: float | None = 0.9,
         min_pairs: int = 5,
     ) -> None:
         _validate.reals(error_threshold=error_threshold, rank_tolerance=rank_tolerance,
                         optimism=optimism)
         _validate.optional_reals(rank_error_threshold=rank_error_threshold,
-                                 top_fraction=top_fraction, validation_top=validation_top)
+                                 top_fraction=top_fraction, validation_top=validation_top,
+                                 trust_confidence=trust_confidence)
         _validate.integers(n_warmup_real=n_warmup_real, window=window, min_pairs=min_pairs)
         _validate.optional_integers(validation_period=validation_period, trust_window=trust_window)
         if not error_threshold > 0:
@@ -146,6 +153,8 @@ class FidelityPruner(BasePruner):
             raise ValueError(f"window must be an int >= 2, got {window}")
         if trust_window is not None and trust_window < 2:
             raise ValueError(f"trust_window must be an int >= 2 or None, got {trust_window}")
+        if trust_confidence is not None and not 0.0 < trust_confidence < 1.0:
+            raise ValueError(f"trust_confidence must be in (0, 1) or None, got {trust_confidence}")
         if int(min_pairs) != min_pairs or not 2 <= min_pairs <= window:
             raise ValueError(f"min_pairs must be an int in [2, window], got {min_pairs}")
         self._settings = FidelitySettings(
@@ -162,6 +171,7 @@ class FidelityPruner(BasePruner):
             window=int(window),
             min_pairs=int(min_pairs),
             trust_window=None if trust_window is None else int(trust_window),
+            trust_confidence=None if trust_confidence is None else float(trust_confidence),
         )
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
@@ -216,6 +226,7 @@ class FidelityPruner(BasePruner):
         detail = error.as_dict()
         if decision.trust_error is not None:
             detail["trust_relative_error"] = decision.trust_error.relative_error
+            detail["trust_relative_error_bound"] = decision.trust_error.relative_error_bound
             detail["trust_discordance"] = decision.trust_error.discordance
             detail["trust_n_pairs"] = decision.trust_error.n_pairs
         set_user_attr(study, trial, _keys.SIM_ERROR_DETAIL, detail)

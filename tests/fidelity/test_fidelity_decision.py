@@ -93,6 +93,24 @@ def test_trust_returns_only_when_the_longer_window_agrees():
     assert _decide(settings=hysteresis, **recovered).fidelity == "simulator"
 
 
+def test_a_few_lucky_pairs_do_not_earn_trust_under_a_confidence_bound():
+    # Six pairs, four of them nearly exact, two off by ~60%: the median error is 6%, but six
+    # pairs cannot tell this simulator from one whose typical error is large.
+    few = dict(pair_estimates=[1.0, 2.1, 3.7, 8.4, 27.0, 12.0],
+               pair_reals=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0], best_real=32.0)
+    median_only = FidelitySettings(**{**SETTINGS.__dict__, "trust_window": 20})
+    assert _decide(estimate=2.0, settings=median_only, **few).fidelity == "simulator"
+    bounded = FidelitySettings(**{**median_only.__dict__, "trust_confidence": 0.9})
+    decision = _decide(estimate=2.0, settings=bounded, **few)
+    assert (decision.fidelity, decision.reason) == ("real", "simulator_error_high")
+    bound = decision.trust_error.relative_error_bound
+    assert decision.trust_error.relative_error < 0.1 and bound > 0.3
+    # The same two outliers among twenty pairs leave the bound below the threshold.
+    many = dict(pair_estimates=[1.0, 2.1, 3.7, 8.4] * 4 + [27.0, 12.0] + [1.0, 2.1],
+                pair_reals=[1.0, 2.0, 4.0, 8.0] * 4 + [16.0, 32.0] + [1.0, 2.0], best_real=32.0)
+    assert _decide(estimate=2.0, settings=bounded, **many).fidelity == "simulator"
+
+
 def test_noisy_simulator_in_right_order_still_fails_on_relative_error():
     scattered = dict(pair_estimates=[0.5, 2.0, 4.5, 4.0, 9.0], pair_reals=[1.0, 2.0, 3.0, 4.0, 5.0])
     decision = _decide(**{**GOOD, **scattered})
