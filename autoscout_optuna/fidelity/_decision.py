@@ -32,6 +32,8 @@ class FidelitySettings:
     window: int
     min_pairs: int
     validation_top: float | None = None  # None: validate whatever trial opens a slot
+    trust_window: int | None = None  # None: ``window`` alone decides trust
+    trust_confidence: float | None = None  # None: the trust window's median error, no bound
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,15 @@ class FidelityDecision:
             ``"not_promising"``.
         error: The simulator's recent error when the decision was taken.
         estimate_rank: Fraction of earlier estimates better than this one (0 = best so far).
+        trust_error: The error over the longer ``trust_window``; None when that window is off
+            (or no longer than ``window``).
     """
 
     fidelity: str
     reason: str
     error: SimulatorError
     estimate_rank: float | None
+    trust_error: SimulatorError | None = None
 
 
 def decide(
@@ -83,8 +88,14 @@ def decide(
     error = measure_error(
         pair_estimates, pair_reals, window=settings.window, rank_tolerance=settings.rank_tolerance
     )
+    trust_error = None
+    if settings.trust_window is not None and settings.trust_window > settings.window:
+        trust_error = measure_error(
+            pair_estimates, pair_reals, window=settings.trust_window,
+            rank_tolerance=settings.rank_tolerance, confidence=settings.trust_confidence,
+        )
     if estimate is None or not math.isfinite(estimate):
-        return FidelityDecision(REAL, "no_estimate", error, None)
+        return FidelityDecision(REAL, "no_estimate", error, None, trust_error)
     sign = 1.0 if maximize else -1.0
     pool = sign * np.asarray(pool_estimates, dtype=float)
     pool = pool[np.isfinite(pool)]
@@ -93,19 +104,28 @@ def decide(
     if n_real < settings.n_warmup_real or error.n_pairs < settings.min_pairs:
         # Until the simulator has been checked against enough real runs, nothing says it can
         # be trusted.
-        return FidelityDecision(REAL, "warm_up", error, rank)
-    if _error_too_high(error, settings):
-        return FidelityDecision(REAL, "simulator_error_high", error, rank)
+        return FidelityDecision(REAL, "warm_up", error, rank, trust_error)
+    # Quick to distrust, slow to trust: the recent window's error above threshold means real
+    # runs (the search may have moved where the simulator is wrong), but trust needs the longer
+    # window below threshold too, its relative error bounded from above when a confidence is
+    # set. A noisy simulator's recent error dips under the threshold now and then by the luck
+    # of a few pairs (most easily early on, when there are only a few); a bound over the
+    # longer sample rarely does, so that luck does not buy pruned trials. Both are read from
+    # the pairs alone: no mode to remember or rebuild.
+    if _error_too_high(error, settings) or (
+        trust_error is not None and _error_too_high(trust_error, settings, bounded=True)
+    ):
+        return FidelityDecision(REAL, "simulator_error_high", error, rank, trust_error)
     if _validation_due(trial_number, last_real_number, settings) and (
         not _targeted_slot(trial_number, settings)
         or _rank(pool[-settings.window :], sign * estimate) < settings.validation_top
     ):
-        return FidelityDecision(REAL, "periodic_validation", error, rank)
+        return FidelityDecision(REAL, "periodic_validation", error, rank, trust_error)
     if best_real is None or _could_beat(estimate, best_real, sign, error, settings.optimism):
-        return FidelityDecision(REAL, "could_beat_best", error, rank)
+        return FidelityDecision(REAL, "could_beat_best", error, rank, trust_error)
     if settings.top_fraction is not None and rank < settings.top_fraction:
-        return FidelityDecision(REAL, "top_fraction", error, rank)
-    return FidelityDecision(SIMULATOR, "not_promising", error, rank)
+        return FidelityDecision(REAL, "top_fraction", error, rank, trust_error)
+    return FidelityDecision(SIMULATOR, "not_promising", error, rank, trust_error)
 
 
 def _rank(oriented_pool: np.ndarray, oriented_estimate: float) -> float:
@@ -153,8 +173,12 @@ def _could_beat(
     return sign * calibrated + doubt >= sign * best_real
 
 
-def _error_too_high(error: SimulatorError, settings: FidelitySettings) -> bool:
-    if error.relative_error is not None and error.relative_error > settings.error_threshold:
+def _error_too_high(
+    error: SimulatorError, settings: FidelitySettings, *, bounded: bool = False
+) -> bool:
+    relative = error.relative_error_bound if bounded else None
+    relative = error.relative_error if relative is None else relative
+    if relative is not None and relative > settings.error_threshold:
         return True
     return (
         settings.rank_error_threshold is not None

@@ -13,6 +13,7 @@ Two views of one error, both on the most recent trials that have an estimate and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ class SimulatorError:
         spearman_rho: Spearman rank correlation (for reports); None when undefined.
         scale: Median ``real / estimate``: the constant factor calibrated away; None with no
             usable pairs.
+        relative_error_bound: Upper confidence bound on the calibrated relative error (see
+            ``relative_error_bound``); None unless a confidence was asked for, or with no pairs.
     """
 
     n_pairs: int
@@ -42,6 +45,7 @@ class SimulatorError:
     kendall_tau: float | None
     spearman_rho: float | None
     scale: float | None = None
+    relative_error_bound: float | None = None
 
     def as_dict(self) -> dict[str, float | int | None]:
         return {
@@ -52,6 +56,7 @@ class SimulatorError:
             "kendall_tau": self.kendall_tau,
             "spearman_rho": self.spearman_rho,
             "scale": self.scale,
+            "relative_error_bound": self.relative_error_bound,
         }
 
 
@@ -90,17 +95,42 @@ def relative_error(estimates: np.ndarray, reals: np.ndarray, *, calibrate: bool)
 
     Pairs whose real value is 0 are skipped (no scale to compare against).
     """
+    errors = _relative_errors(estimates, reals, calibrate=calibrate)
+    return None if errors.size == 0 else float(np.median(errors))
+
+
+def relative_error_bound(
+    estimates: np.ndarray, reals: np.ndarray, *, confidence: float
+) -> float | None:
+    """Upper confidence bound on the median calibrated relative error, distribution-free.
+
+    The bound is the smallest order statistic ``x_(j)`` of the pairs' errors with
+    ``P(Binomial(n, 1/2) < j) >= confidence``: the true median exceeds ``x_(j)`` only if fewer
+    than ``j`` of ``n`` errors fall below it, each with probability 1/2. Few pairs give a wide
+    bound (five pairs at 0.9 give their largest error), so a handful of lucky pairs cannot
+    pass for an accurate simulator; many pairs give a bound close to the median. Infinite
+    when no order statistic is high enough; None with no pairs. (The calibration factor is
+    estimated from the same pairs, which the bound ignores.)
+    """
+    errors = np.sort(_relative_errors(estimates, reals, calibrate=True))
+    n = errors.size
+    if n == 0:
+        return None
+    below = np.cumsum([math.comb(n, k) for k in range(n)]) / 2.0**n  # P(Bin(n, 1/2) <= j - 1)
+    reached = np.flatnonzero(below >= confidence)
+    return float(errors[reached[0]]) if reached.size else math.inf
+
+
+def _relative_errors(estimates: np.ndarray, reals: np.ndarray, *, calibrate: bool) -> np.ndarray:
     estimates, reals = np.asarray(estimates, dtype=float), np.asarray(reals, dtype=float)
     keep = reals != 0
     if calibrate:
         keep &= estimates != 0
-    if not np.any(keep):
-        return None
     estimates, reals = estimates[keep], reals[keep]
-    if calibrate:
+    if calibrate and estimates.size:
         scale = _median_ratio(estimates, reals)
         estimates = estimates * (1.0 if scale is None else scale)
-    return float(np.median(np.abs(estimates - reals) / np.abs(reals)))
+    return np.abs(estimates - reals) / np.abs(reals)
 
 
 def tolerant_discordance(
@@ -126,6 +156,7 @@ def measure_error(
     *,
     window: int,
     rank_tolerance: float = 0.05,
+    confidence: float | None = None,
 ) -> SimulatorError:
     """Error of the last ``window`` pairs (oldest first in the inputs).
 
@@ -136,11 +167,15 @@ def measure_error(
             ensemble) that has since been recalibrated, and a recovered simulator should be
             trusted again once the bad stretch has slid out of the window.
         rank_tolerance: Pairs whose real values differ by at most this fraction are ties.
+        confidence: Also bound the relative error from above at this confidence (in (0, 1));
+            None: no bound.
     """
     if window < 2:
         raise ValueError(f"window must be >= 2, got {window}")
     if rank_tolerance < 0:
         raise ValueError(f"rank_tolerance must be >= 0, got {rank_tolerance}")
+    if confidence is not None and not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1) or None, got {confidence}")
     est = np.asarray(estimates, dtype=float)
     real = np.asarray(reals, dtype=float)
     if est.shape != real.shape:
@@ -155,6 +190,9 @@ def measure_error(
         kendall_tau=kendall_tau(est, real),
         spearman_rho=spearman_rho(est, real),
         scale=_median_ratio(est, real),
+        relative_error_bound=(
+            None if confidence is None else relative_error_bound(est, real, confidence=confidence)
+        ),
     )
 
 

@@ -30,8 +30,9 @@ class FidelityPruner(BasePruner):
     lets the real run through when
 
     * fewer than ``n_warmup_real`` real runs with an estimate (and ``min_pairs``) exist,
-    * the simulator's recent error is above threshold (every trial runs for real until the
-      error, measured on the last ``window`` trials with both fidelities, recovers),
+    * the simulator's error is above threshold on the last ``window`` trials with both
+      fidelities or on the last ``trust_window`` of them (every trial runs for real until the
+      error has recovered on both: quick to distrust, slow to trust),
     * periodic validation: each slot of ``validation_period`` trial numbers with no real run
       yet validates its first trial; every second slot only a trial whose estimate ranks in
       the best ``validation_top`` of the ``window`` most recent estimates,
@@ -42,8 +43,10 @@ class FidelityPruner(BasePruner):
     and prunes otherwise. A trial with no step-0 report always runs for real. The decision, the
     reason, the estimate and the error at that time are recorded as user attrs
     (``autoscout:fidelity``, ``autoscout:fidelity_reason``, ``autoscout:estimate``,
-    ``autoscout:sim_error``, ``autoscout:sim_error_detail``). All state is read back from
-    storage on every call, so a resumed study or a second worker decides alike.
+    ``autoscout:sim_error``, ``autoscout:sim_error_detail``; the detail carries the
+    ``trust_window`` error as ``trust_relative_error``, ``trust_relative_error_bound``,
+    ``trust_discordance`` and ``trust_n_pairs``). All state is read back from storage on
+    every call, so a resumed study or a second worker decides alike.
 
     The error has two parts (see ``autoscout_optuna.fidelity.measure_error``): the calibrated
     relative error (a constant factor between simulator and reality is harmless to a search and
@@ -85,6 +88,18 @@ class FidelityPruner(BasePruner):
             trial opens it.
         n_warmup_real: Real runs (with an estimate) before any estimate is trusted.
         window: How many of the most recent estimate/real pairs the error is measured on.
+        trust_window: A longer window the error must also be below threshold on before
+            estimates are trusted. A noisy simulator's error over ``window`` pairs dips below
+            the threshold now and then by the luck of the draw, and each dip would prune
+            trials on the word of a simulator that is no better than before; over twice as
+            many pairs (the defaults) such dips are far rarer. The cost: after a genuinely bad
+            stretch, trust returns only once the longer window has recovered. None, or not
+            longer than ``window``: ``window`` alone.
+        trust_confidence: Trust also needs an upper confidence bound (at this confidence,
+            distribution-free) on the median relative error over ``trust_window`` below
+            ``error_threshold``, not just the median itself: early on, with a few pairs, the
+            median of a noisy simulator's errors falls below the threshold by luck far more
+            often than over 40. None: the median alone.
         min_pairs: Pairs needed before the error is trusted at all.
     """
 
@@ -100,14 +115,17 @@ class FidelityPruner(BasePruner):
         validation_top: float | None = None,
         n_warmup_real: int = 5,
         window: int = 20,
+        trust_window: int | None = 40,
+        trust_confidence: float | None = 0.9,
         min_pairs: int = 5,
     ) -> None:
         _validate.reals(error_threshold=error_threshold, rank_tolerance=rank_tolerance,
                         optimism=optimism)
         _validate.optional_reals(rank_error_threshold=rank_error_threshold,
-                                 top_fraction=top_fraction, validation_top=validation_top)
+                                 top_fraction=top_fraction, validation_top=validation_top,
+                                 trust_confidence=trust_confidence)
         _validate.integers(n_warmup_real=n_warmup_real, window=window, min_pairs=min_pairs)
-        _validate.optional_integers(validation_period=validation_period)
+        _validate.optional_integers(validation_period=validation_period, trust_window=trust_window)
         if not error_threshold > 0:
             raise ValueError(f"error_threshold must be > 0, got {error_threshold}")
         if rank_error_threshold is not None and not 0.0 < rank_error_threshold <= 1.0:
@@ -133,6 +151,10 @@ class FidelityPruner(BasePruner):
             raise ValueError(f"n_warmup_real must be an int >= 0, got {n_warmup_real}")
         if int(window) != window or window < 2:
             raise ValueError(f"window must be an int >= 2, got {window}")
+        if trust_window is not None and trust_window < 2:
+            raise ValueError(f"trust_window must be an int >= 2 or None, got {trust_window}")
+        if trust_confidence is not None and not 0.0 < trust_confidence < 1.0:
+            raise ValueError(f"trust_confidence must be in (0, 1) or None, got {trust_confidence}")
         if int(min_pairs) != min_pairs or not 2 <= min_pairs <= window:
             raise ValueError(f"min_pairs must be an int in [2, window], got {min_pairs}")
         self._settings = FidelitySettings(
@@ -148,6 +170,8 @@ class FidelityPruner(BasePruner):
             validation_top=None if validation_top is None else float(validation_top),
             window=int(window),
             min_pairs=int(min_pairs),
+            trust_window=None if trust_window is None else int(trust_window),
+            trust_confidence=None if trust_confidence is None else float(trust_confidence),
         )
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
@@ -199,7 +223,13 @@ class FidelityPruner(BasePruner):
         set_user_attr(study, trial, _keys.FIDELITY_REASON, decision.reason)
         set_user_attr(study, trial, _keys.ESTIMATE, _estimate_of(trial))
         set_user_attr(study, trial, _keys.SIM_ERROR, error.relative_error)
-        set_user_attr(study, trial, _keys.SIM_ERROR_DETAIL, error.as_dict())
+        detail = error.as_dict()
+        if decision.trust_error is not None:
+            detail["trust_relative_error"] = decision.trust_error.relative_error
+            detail["trust_relative_error_bound"] = decision.trust_error.relative_error_bound
+            detail["trust_discordance"] = decision.trust_error.discordance
+            detail["trust_n_pairs"] = decision.trust_error.n_pairs
+        set_user_attr(study, trial, _keys.SIM_ERROR_DETAIL, detail)
 
 
 def _estimate_of(trial: FrozenTrial) -> float | None:

@@ -75,6 +75,42 @@ def test_bad_simulator_switches_to_real_and_recovers():
     assert recovered.fidelity == "simulator"
 
 
+def test_trust_returns_only_when_the_longer_window_agrees():
+    hysteresis = FidelitySettings(**{**SETTINGS.__dict__, "trust_window": 20})
+    reversed_pairs = ([float(v) for v in range(20, 0, -1)], [float(v) for v in range(1, 21)])
+    right = [float(v) for v in range(1, 11)]
+    # A bad stretch, then one window of right estimates: the last 10 pairs look fine...
+    lucky = dict(pair_estimates=reversed_pairs[0] + right, pair_reals=reversed_pairs[1] + right,
+                 best_real=20.0)
+    assert _decide(**lucky).fidelity == "simulator"  # the recent window alone would trust it
+    decision = _decide(settings=hysteresis, **lucky)
+    assert decision.error.discordance == 0.0
+    assert (decision.fidelity, decision.reason) == ("real", "simulator_error_high")
+    assert decision.trust_error.n_pairs == 20 and decision.trust_error.discordance > 0.35
+    # ...but only a recovery that fills the longer window wins trust back.
+    recovered = dict(pair_estimates=reversed_pairs[0] + right * 2,
+                     pair_reals=reversed_pairs[1] + right * 2, best_real=20.0)
+    assert _decide(settings=hysteresis, **recovered).fidelity == "simulator"
+
+
+def test_a_few_lucky_pairs_do_not_earn_trust_under_a_confidence_bound():
+    # Six pairs, four of them nearly exact, two off by ~60%: the median error is 6%, but six
+    # pairs cannot tell this simulator from one whose typical error is large.
+    few = dict(pair_estimates=[1.0, 2.1, 3.7, 8.4, 27.0, 12.0],
+               pair_reals=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0], best_real=32.0)
+    median_only = FidelitySettings(**{**SETTINGS.__dict__, "trust_window": 20})
+    assert _decide(estimate=2.0, settings=median_only, **few).fidelity == "simulator"
+    bounded = FidelitySettings(**{**median_only.__dict__, "trust_confidence": 0.9})
+    decision = _decide(estimate=2.0, settings=bounded, **few)
+    assert (decision.fidelity, decision.reason) == ("real", "simulator_error_high")
+    bound = decision.trust_error.relative_error_bound
+    assert decision.trust_error.relative_error < 0.1 and bound > 0.3
+    # The same two outliers among twenty pairs leave the bound below the threshold.
+    many = dict(pair_estimates=[1.0, 2.1, 3.7, 8.4] * 4 + [27.0, 12.0] + [1.0, 2.1],
+                pair_reals=[1.0, 2.0, 4.0, 8.0] * 4 + [16.0, 32.0] + [1.0, 2.0], best_real=32.0)
+    assert _decide(estimate=2.0, settings=bounded, **many).fidelity == "simulator"
+
+
 def test_noisy_simulator_in_right_order_still_fails_on_relative_error():
     scattered = dict(pair_estimates=[0.5, 2.0, 4.5, 4.0, 9.0], pair_reals=[1.0, 2.0, 3.0, 4.0, 5.0])
     decision = _decide(**{**GOOD, **scattered})

@@ -5,7 +5,7 @@ import pytest
 from scipy import stats
 
 from autoscout_optuna.fidelity import measure_error
-from autoscout_optuna.fidelity._error import kendall_tau, spearman_rho
+from autoscout_optuna.fidelity._error import kendall_tau, relative_error_bound, spearman_rho
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -53,3 +53,40 @@ def test_near_ties_are_not_rank_errors():
     estimates = np.array([10.2, 10.1, 10.0, 20.0])  # ties misordered, the real gap kept
     assert measure_error(estimates, real, window=10).discordance == pytest.approx(0.0)
     assert measure_error(estimates, real, window=10, rank_tolerance=0.0).discordance > 0.4
+
+
+def test_relative_error_bound_is_an_order_statistic_that_narrows_with_pairs():
+    real = np.ones(5)
+    errors = np.array([0.4, 0.0, 0.1, 0.2, 0.3])  # calibration factor 1: the median ratio is 1
+    estimates = real * (1 + errors * np.array([1, 1, -1, 1, -1]))
+    # Five pairs at 90%: only their largest error bounds the median (P(Bin(5, 1/2) <= 4) =
+    # 0.97); at 80% the fourth largest does (P(Bin(5, 1/2) <= 3) = 0.81).
+    assert relative_error_bound(estimates, real, confidence=0.9) == pytest.approx(0.4)
+    assert relative_error_bound(estimates, real, confidence=0.8) == pytest.approx(0.3)
+    assert relative_error_bound(estimates[:3], real[:3], confidence=0.9) == math.inf
+    assert relative_error_bound([], [], confidence=0.9) is None
+    error = measure_error(estimates, real, window=10, confidence=0.9)
+    assert error.relative_error == pytest.approx(0.2)
+    assert error.relative_error_bound == pytest.approx(0.4)
+    assert measure_error(estimates, real, window=10).relative_error_bound is None
+
+
+@pytest.mark.parametrize("n", [5, 12, 40])
+def test_relative_error_bound_covers_the_true_median_as_often_as_promised(n):
+    # Errors |0.5 z|, true median 0.5 * 0.6745; reals all 1, so calibration barely moves them.
+    rng = np.random.default_rng(n)
+    true_median = 0.5 * stats.norm.ppf(0.75)
+    covered = []
+    for _ in range(2000):
+        estimates = 1.0 + 0.5 * rng.standard_normal(n)
+        covered.append(relative_error_bound(estimates, np.ones(n), confidence=0.9) >= true_median)
+    # Calibrating on the same pairs shrinks the errors a little: a margin below 0.9.
+    assert np.mean(covered) > 0.85
+    # And the bound is not vacuous: many pairs give a bound near the median.
+    if n == 40:
+        assert relative_error_bound(estimates, np.ones(n), confidence=0.9) < 2 * true_median
+
+
+def test_confidence_must_be_a_probability():
+    with pytest.raises(ValueError, match="confidence"):
+        measure_error([1.0, 2.0], [1.0, 2.0], window=5, confidence=1.0)

@@ -81,7 +81,10 @@ def test_from_definition_works_for_every_study_with_a_simulator(name):
     study = optuna.create_study(
         direction=definition.direction,
         sampler=optuna.samplers.RandomSampler(seed=1),
-        pruner=FidelityPruner(n_warmup_real=3, min_pairs=3, validation_period=None),
+        # Trust as early as the pruner allows: both paths (pruned and real) must show up.
+        pruner=FidelityPruner(
+            n_warmup_real=3, min_pairs=3, validation_period=None, trust_window=None
+        ),
     )
     study.optimize(objective, n_trials=40, catch=(Infeasible,))
     states = [t.state for t in study.trials]

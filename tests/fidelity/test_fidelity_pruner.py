@@ -20,13 +20,15 @@ def _suggest(trial):
     return {"x": trial.suggest_float("x", -3, 3), "y": trial.suggest_float("y", -3, 3)}
 
 
-def _phased_objective(sign, bad_from, bad_until, calls=None):
-    """The simulator is right before ``bad_from``, reversed until ``bad_until``, then right."""
+def _phased_objective(sign, bad_from, bad_until, calls=None, lucky=(0, 0)):
+    """The simulator is right before ``bad_from``, reversed until ``bad_until`` except in
+    ``lucky`` (a half-open range of trial numbers), then right."""
 
     def make_estimate(trial):
         def estimate(config):
             value = 1.2 * _loss(config)  # 20% pessimistic, in the right order
-            if bad_from <= trial.number < bad_until:
+            bad = bad_from <= trial.number < bad_until
+            if bad and not lucky[0] <= trial.number < lucky[1]:
                 value = 1.2 * (35.0 - _loss(config))  # reversed, on the same scale
             return sign * value
 
@@ -42,14 +44,14 @@ def _phased_objective(sign, bad_from, bad_until, calls=None):
     return objective
 
 
-def _run(direction, n_trials, pruner=None, bad=(10**9, 10**9), seed=0):
+def _run(direction, n_trials, pruner=None, bad=(10**9, 10**9), seed=0, lucky=(0, 0)):
     sign = 1.0 if direction == "minimize" else -1.0
     study = optuna.create_study(
         direction=direction,
         sampler=optuna.samplers.RandomSampler(seed=seed),
         pruner=pruner or FidelityPruner(),
     )
-    study.optimize(_phased_objective(sign, *bad), n_trials=n_trials)
+    study.optimize(_phased_objective(sign, *bad, lucky=lucky), n_trials=n_trials)
     return study
 
 
@@ -71,6 +73,27 @@ def test_switches_to_real_when_simulator_is_bad_and_back_when_it_recovers():
         detail = trial.user_attrs["autoscout:sim_error_detail"]
         assert detail["relative_error"] > 0.3 or detail["discordance"] > 0.35
         assert trial.user_attrs["autoscout:sim_error"] == detail["relative_error"]
+
+
+def test_a_brief_good_stretch_does_not_win_back_trust():
+    # Reversed from trial 40 to 200, except 15 right estimates from trial 120: a full recent
+    # window (20 pairs) comes out right by then, the longer trust window (40) does not.
+    lucky = (120, 135)
+    trials = _run("minimize", 300, bad=(40, 200), lucky=lucky).get_trials()
+    reasons = [t.user_attrs.get(REASON) for t in trials]
+    first_alarm = 40 + reasons[40:].index("simulator_error_high")
+    assert first_alarm < 110
+    # Every trial runs for real from the alarm to the end of the bad stretch, lucky or not.
+    assert all(t.state == TrialState.COMPLETE for t in trials[first_alarm:200])
+    # Trust returns once the simulator is right for good.
+    assert sum(t.state == TrialState.PRUNED for t in trials[200:]) > 30
+    detail = trials[lucky[1]].user_attrs["autoscout:sim_error_detail"]
+    assert detail["trust_n_pairs"] == 40 and detail["trust_discordance"] > 0.35
+    # Without the longer window, the lucky stretch wins trust back, and the simulator's few
+    # validations afterwards leave its reversal unnoticed (the recent window is full of the
+    # lucky pairs): it prunes through the rest of the bad stretch.
+    alone = _run("minimize", 300, FidelityPruner(trust_window=None), bad=(40, 200), lucky=lucky)
+    assert sum(t.state == TrialState.PRUNED for t in alone.get_trials()[lucky[0]:200]) > 20
 
 
 def test_good_simulator_saves_real_runs_and_keeps_the_best():
@@ -162,6 +185,7 @@ def test_trial_without_estimate_always_runs_for_real():
         ({"validation_period": 2.5}, "validation_period"),
         ({"n_warmup_real": -1}, "n_warmup_real"),
         ({"window": 1}, "window"),
+        ({"trust_window": 1}, "trust_window"),
         ({"min_pairs": 1}, "min_pairs"),
         ({"window": 5, "min_pairs": 6}, "min_pairs"),
     ],

@@ -135,6 +135,8 @@ BAD_ARGUMENTS = {
         "n_warmup_real": [-1, 1.5, None, "a"],
         "window": [1, 2.5, None, "a"],
         "min_pairs": [1, 100, None, "a"],
+        "trust_window": [1, 2.5, "a"],
+        "trust_confidence": [0, 1, NAN, "a"],
     },
     "SimulatorEnsemble": {
         "simulate": [5, "sim"],
