@@ -146,14 +146,37 @@ def estimate_reliability(study: optuna.Study) -> float:
     training reaches 99 % in 6/8 seeds instead of 3/8. Scaling by ``1 - 2 d`` instead (full
     weight only for a perfect ranking) also fixed 80 % but cost at 20 % (training 95 % in 6/8
     seeds instead of 8/8). 1 while nothing has been measured (no pruner, or too few real
-    runs). Only the newest ``_RELIABILITY_SCAN`` trials are read: the pruner records the detail
-    on every trial it judges, so a study with a pruner has one there, and one without costs no
-    full scan.
+    runs; see :func:`latest_discordance`).
+    """
+    discordance = latest_discordance(study)
+    if discordance is None:
+        return 1.0
+    share = (0.5 - discordance) / (0.5 - TRUSTED_DISCORDANCE)
+    return float(min(1.0, max(MIN_RELIABILITY, share)))
+
+
+def simulator_trusted(study: optuna.Study) -> bool:
+    """Whether the pruner's newest rank check found the simulator's order trustworthy
+    (discordance at most ``TRUSTED_DISCORDANCE``); False while nothing has been checked.
+
+    Stricter than :func:`estimate_reliability`, which gives estimates full weight when nothing
+    was measured: what uses this treats an estimate as a measurement, which only a simulator
+    checked against real runs has earned.
+    """
+    discordance = latest_discordance(study)
+    return discordance is not None and discordance <= TRUSTED_DISCORDANCE
+
+
+def latest_discordance(study: optuna.Study) -> float | None:
+    """The rank discordance the pruner recorded (``autoscout:sim_error_detail``) on the newest
+    trial that has one; None when none of the newest ``_RELIABILITY_SCAN`` trials has.
+
+    Only the newest trials are read: the pruner records the detail on every trial it judges, so
+    a study with a pruner has one there, and one without costs no full scan.
     """
     for trial in reversed(get_trials(study)[-_RELIABILITY_SCAN:]):
         detail = trial.user_attrs.get(SIM_ERROR_DETAIL)
         discordance = detail.get("discordance") if isinstance(detail, Mapping) else None
         if discordance is not None and math.isfinite(discordance):
-            share = (0.5 - discordance) / (0.5 - TRUSTED_DISCORDANCE)
-            return float(min(1.0, max(MIN_RELIABILITY, share)))
-    return 1.0
+            return float(discordance)
+    return None

@@ -4,7 +4,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autoscout_optuna._history import MIN_RELIABILITY, estimate_reliability, read_history
+from autoscout_optuna._history import (
+    MIN_RELIABILITY,
+    estimate_reliability,
+    read_history,
+    simulator_trusted,
+)
 from autoscout_optuna._keys import SIM_ERROR_DETAIL
 
 
@@ -74,3 +79,17 @@ def _study_with_rank_checks(discordances):
 def test_estimate_reliability_follows_the_newest_rank_check(discordances, expected) -> None:
     study = _study_with_rank_checks(discordances)
     assert estimate_reliability(study) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("discordances", "trusted"),
+    [
+        ([], False),  # nothing checked: an estimate has not earned a measurement's place
+        ([None, None], False),  # no pruner
+        ([0.25], True),
+        ([0.1, 0.3], False),  # the newest check counts
+        ([0.3, 0.1, None], True),
+    ],
+)
+def test_simulator_trusted_needs_a_good_newest_rank_check(discordances, trusted) -> None:
+    assert simulator_trusted(_study_with_rank_checks(discordances)) is trusted

@@ -122,6 +122,7 @@ BAD_ARGUMENTS = {
         "confidence": [-1, NAN, "a"],
         "restart_radius": [0, 11, NAN, "a"],
         "headroom": ["no", None],
+        "use_estimates": ["yes", 1],
         "max_structural_levels": [-1, 1.5, "2", None],
     },
     "FidelityPruner": {

@@ -14,7 +14,7 @@ from optuna.testing.pytest_samplers import BasicSamplerTestCase, SingleOnlySampl
 from optuna.trial import TrialState
 
 from autoscout_optuna import CoordinateDescentSampler, Infeasible
-from autoscout_optuna._keys import STRUCTURE
+from autoscout_optuna._keys import SIM_ERROR_DETAIL, STRUCTURE
 from autoscout_optuna._storage import set_system_attr
 
 
@@ -180,6 +180,47 @@ def test_pruned_estimates_do_not_become_the_center() -> None:
     centers = {t.user_attrs["cd:center"] for t in study.trials} - {None}
     assert not centers & {t.number for t in pruned}
     assert study.best_params["x"] == pytest.approx(0.3, abs=0.03)
+
+
+def _study_with_a_pruned_better_estimate(discordance: float | None, **kwargs: Any) -> optuna.Study:
+    """x=0.5 measured at 1.0; x=0.75 pruned with an estimate of 2.0; the pruner's rank check."""
+    sampler = CoordinateDescentSampler(seed=0, **kwargs)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    dist = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+    detail = {} if discordance is None else {SIM_ERROR_DETAIL: {"discordance": discordance}}
+    study.add_trial(optuna.trial.create_trial(
+        params={"x": 0.5}, distributions=dist, value=1.0, user_attrs=detail,
+    ))
+    study.add_trial(optuna.trial.create_trial(
+        params={"x": 0.75}, distributions=dist, state=TrialState.PRUNED,
+        intermediate_values={0: 2.0}, user_attrs=detail,
+    ))
+    return study
+
+
+@pytest.mark.parametrize(
+    ("discordance", "kwargs", "learns"),
+    [
+        (0.1, {}, True),  # a simulator the pruner's rank check trusts: the estimate counts
+        (0.1, {"use_estimates": False}, False),
+        (0.4, {}, False),  # ranks barely better than a coin: only "judged, not again"
+        (None, {}, False),  # never checked against real runs
+    ],
+)
+def test_trusted_estimates_count_as_measurements(discordance, kwargs, learns) -> None:
+    study = _study_with_a_pruned_better_estimate(discordance, **kwargs)
+    trial = study.ask()
+    x = trial.suggest_float("x", 0.0, 1.0)
+    study.tell(trial, 0.0)
+    phase = study.trials[-1].user_attrs["cd:phase"]
+    if learns:
+        # The estimate beat the center: measured once, so it is confirmed (the pruner then
+        # decides whether that takes a real run), as a single real measurement would be.
+        assert phase == "confirm"
+        assert x == pytest.approx(0.75)
+    else:
+        assert phase != "confirm"
+        assert x != pytest.approx(0.75)
 
 
 class HandsOverStructure(BaseSampler):

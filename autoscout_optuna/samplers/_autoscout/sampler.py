@@ -45,9 +45,11 @@ class AutoScoutSampler(BaseSampler):
        (:class:`~autoscout_optuna.MCTSSampler`; its dense knobs get the incumbent's values, so
        a new structure starts from the best dense setting known) and ``refine``
        (:class:`~autoscout_optuna.CoordinateDescentSampler` on one structure, handed over in
-       system attr ``autoscout:structure``); optionally ``neighbour`` (the incumbent's
-       structure with one structural param changed). Each finished trial rewards its arm by
-       difference-in-differences (:mod:`~autoscout_optuna.samplers._autoscout.did`)::
+       system attr ``autoscout:structure``; it takes PRUNED estimates as measurements while
+       the pruner's rank check trusts the simulator, see its ``use_estimates``); optionally
+       ``neighbour`` (the incumbent's structure with one structural param changed). Each
+       finished trial rewards its arm by difference-in-differences
+       (:mod:`~autoscout_optuna.samplers._autoscout.did`)::
 
            did(t) = (y_t - y*) - (y_c - y*) = y_t - y_c
            r_t    = tanh(max(did(t) - noise, 0) / (0.1 * s))
