@@ -82,14 +82,23 @@ def test_estimate_reliability_follows_the_newest_rank_check(discordances, expect
 
 
 @pytest.mark.parametrize(
-    ("discordances", "trusted"),
+    ("checks", "trusted"),
     [
         ([], False),  # nothing checked: an estimate has not earned a measurement's place
         ([None, None], False),  # no pruner
-        ([0.25], True),
-        ([0.1, 0.3], False),  # the newest check counts
-        ([0.3, 0.1, None], True),
+        ([(0.25, 0.05)], True),
+        ([(0.1, 0.02), (0.3, 0.02)], False),  # the newest check counts: ranks too loose
+        ([(0.1, 0.02), (0.1, 0.08)], False),  # ranks fine, values 8 % off: not a measurement
+        ([(0.1, None)], False),  # no relative error measured
+        ([(0.3, 0.02), (0.1, 0.05), None], True),  # a trial without a check keeps the last
     ],
 )
-def test_simulator_trusted_needs_a_good_newest_rank_check(discordances, trusted) -> None:
-    assert simulator_trusted(_study_with_rank_checks(discordances)) is trusted
+def test_simulator_trusted_needs_a_close_newest_check(checks, trusted) -> None:
+    study = optuna.create_study()
+    for check in checks:
+        trial = study.ask()
+        if check is not None:
+            detail = {"discordance": check[0], "relative_error": check[1]}
+            trial.set_user_attr(SIM_ERROR_DETAIL, detail)
+        study.tell(trial, 1.0)
+    assert simulator_trusted(study) is trusted

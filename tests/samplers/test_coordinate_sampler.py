@@ -187,7 +187,8 @@ def _study_with_a_pruned_better_estimate(discordance: float | None, **kwargs: An
     sampler = CoordinateDescentSampler(seed=0, **kwargs)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     dist = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
-    detail = {} if discordance is None else {SIM_ERROR_DETAIL: {"discordance": discordance}}
+    check = {"discordance": discordance, "relative_error": 0.03}
+    detail = {} if discordance is None else {SIM_ERROR_DETAIL: check}
     study.add_trial(optuna.trial.create_trial(
         params={"x": 0.5}, distributions=dist, value=1.0, user_attrs=detail,
     ))
@@ -204,6 +205,7 @@ def _study_with_a_pruned_better_estimate(discordance: float | None, **kwargs: An
         (0.1, {}, True),  # a simulator the pruner's rank check trusts: the estimate counts
         (0.1, {"use_estimates": False}, False),
         (0.4, {}, False),  # ranks barely better than a coin: only "judged, not again"
+        # (values far off the real ones: see test_history's simulator_trusted table)
         (None, {}, False),  # never checked against real runs
     ],
 )
