@@ -52,8 +52,13 @@ def study_directions(study: optuna.Study) -> Sequence[optuna.study.StudyDirectio
 
 
 def _jsonable(value: Any) -> Any:
-    """Round-trip through JSON so nothing unpicklable or numpy-typed reaches storage."""
-    return json.loads(json.dumps(value, default=_default))
+    """Round-trip through JSON so nothing unpicklable or numpy-typed reaches storage.
+
+    NaN and infinities become None: Python's json writes them as ``NaN``/``Infinity`` tokens
+    that strict JSON readers (optuna-dashboard's browser side among them) reject. An unbounded
+    error bound, say, is stored as "no bound".
+    """
+    return json.loads(json.dumps(value, default=_default), parse_constant=lambda _: None)
 
 
 def _default(obj: Any) -> Any:

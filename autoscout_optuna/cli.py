@@ -300,7 +300,10 @@ def evaluate_default(study: optuna.Study, definition: Any) -> None:
     from autoscout_optuna._dashboard import DEFAULT_VALUE_KEY
     from autoscout_optuna._recovery import worker_gone, worker_identity
 
-    if definition.default_config is None or DEFAULT_VALUE_KEY in study.user_attrs:
+    if definition.default_config is None:
+        return
+    if DEFAULT_VALUE_KEY in study.user_attrs:
+        print("the default config was measured already", file=sys.stderr)
         return
     claim = study.user_attrs.get(DEFAULT_CLAIM_KEY)
     me = worker_identity()

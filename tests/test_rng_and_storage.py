@@ -30,3 +30,13 @@ def test_user_attrs_are_stored_as_json():
         "a": 3, "b": [1, 2], "c": [0.5]}
     with pytest.raises(TypeError, match="cannot be stored"):
         set_user_attr(study, frozen, "bad", object())
+
+
+def test_non_finite_numbers_are_stored_as_none():
+    # Python's json would write NaN/Infinity tokens, which strict JSON readers reject.
+    study = optuna.create_study()
+    trial = study.ask()
+    detail = {"bound": float("inf"), "error": np.float64("nan"), "n": 3, "ok": [1.5, -np.inf]}
+    set_user_attr(study, trial, "detail", detail)
+    stored = study._storage.get_trial(trial._trial_id).user_attrs["detail"]
+    assert stored == {"bound": None, "error": None, "n": 3, "ok": [1.5, None]}

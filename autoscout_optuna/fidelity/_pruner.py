@@ -45,7 +45,8 @@ class FidelityPruner(BasePruner):
     (``autoscout:fidelity``, ``autoscout:fidelity_reason``, ``autoscout:estimate``,
     ``autoscout:sim_error``, ``autoscout:sim_error_detail``; the detail carries the
     ``trust_window`` error as ``trust_relative_error``, ``trust_relative_error_bound``,
-    ``trust_discordance`` and ``trust_n_pairs``). All state is read back from storage on
+    ``trust_discordance`` and ``trust_n_pairs``; a bound too few pairs cannot give, infinite,
+    is stored as None, as every non-finite number). All state is read back from storage on
     every call, so a resumed study or a second worker decides alike.
 
     The error has two parts (see ``autoscout_optuna.fidelity.measure_error``): the calibrated

@@ -161,7 +161,9 @@ def test_gpu_session_script_rehearses_two_workers_on_cpu(tmp_path):
     logs = [(out / f"worker{i}.log").read_text() for i in (1, 2)]
     # one worker measures the default config, the other skips it
     assert sum("measuring the default config" in log for log in logs) == 1, logs
-    assert sum("being measured by worker" in log for log in logs) == 1, logs
+    # ... while it measures, or, when it starts later (a loaded machine), after it measured
+    skipped = ("being measured by worker", "was measured already")
+    assert sum(any(line in log for line in skipped) for log in logs) == 1, logs
     rows = (out / "results.csv").read_text().splitlines()
     header = rows[0].split(",")
     pids = {row.split(",")[header.index("worker_pid")] for row in rows[1:]}
