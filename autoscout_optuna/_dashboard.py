@@ -28,8 +28,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _storage
-from autoscout_optuna._keys import ARM, FIDELITY, SIM_ERROR, TRUE_VALUE
-from autoscout_optuna._progress import format_value
+from autoscout_optuna._keys import ARM, SIM_ERROR, TRUE_VALUE
+from autoscout_optuna._progress import format_value, is_predicted_failure
 
 ORDER_KEY = "mcts:order"  # the feature priority order MCTSSampler used for a trial
 ARTIFACT_IDS_KEY = "autoscout:dashboard_artifacts"  # study user attr: plot file -> artifact id
@@ -110,10 +110,7 @@ def summarize(study: optuna.Study) -> SearchSummary:
         default_value=_number(user_attrs.get(DEFAULT_VALUE_KEY)),
         arms=arms,
         simulator_errors=_simulator_errors(trials),
-        predicted_failures=sum(
-            1 for t in trials
-            if t.state == TrialState.FAIL and t.user_attrs.get(FIDELITY) == "simulator"
-        ),
+        predicted_failures=sum(1 for t in trials if is_predicted_failure(t)),
     )
 
 

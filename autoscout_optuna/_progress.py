@@ -159,9 +159,12 @@ def failure_text(trial: FrozenTrial) -> str:
     reason = str(trial.user_attrs.get(FAILURE_REASON, "error"))
     # A simulator-refused config carries the reason it would fail with (``timeout``, ``oom``);
     # bare, that reads like a run that hung or crashed.
-    if trial.user_attrs.get(FIDELITY) == "simulator":
-        return f"{reason}, predicted"
-    return reason
+    return f"{reason}, predicted" if is_predicted_failure(trial) else reason
+
+
+def is_predicted_failure(trial: FrozenTrial) -> bool:
+    """A FAIL the simulator predicted (it refused the config): no real run was spent on it."""
+    return trial.state == TrialState.FAIL and trial.user_attrs.get(FIDELITY) == "simulator"
 
 
 def _best_text(study: optuna.Study, metric: str) -> str:

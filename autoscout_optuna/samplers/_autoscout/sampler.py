@@ -46,7 +46,7 @@ class AutoScoutSampler(BaseSampler):
        a new structure starts from the best dense setting known) and ``refine``
        (:class:`~autoscout_optuna.CoordinateDescentSampler` on one structure, handed over in
        system attr ``autoscout:structure``; it takes PRUNED estimates as measurements while
-       the pruner's rank check trusts the simulator, see its ``use_estimates``); optionally
+       the pruner finds the simulator close to real runs, see its ``use_estimates``); optionally
        ``neighbour`` (the incumbent's structure with one structural param changed). Each
        finished trial rewards its arm by difference-in-differences
        (:mod:`~autoscout_optuna.samplers._autoscout.did`)::
