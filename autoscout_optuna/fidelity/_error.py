@@ -95,8 +95,7 @@ def relative_error(estimates: np.ndarray, reals: np.ndarray, *, calibrate: bool)
 
     Pairs whose real value is 0 are skipped (no scale to compare against).
     """
-    errors = _relative_errors(estimates, reals, calibrate=calibrate)
-    return None if errors.size == 0 else float(np.median(errors))
+    return _median_or_none(_relative_errors(estimates, reals, calibrate=calibrate))
 
 
 def relative_error_bound(
@@ -112,7 +111,16 @@ def relative_error_bound(
     when no order statistic is high enough; None with no pairs. (The calibration factor is
     estimated from the same pairs, which the bound ignores.)
     """
-    errors = np.sort(_relative_errors(estimates, reals, calibrate=True))
+    return _median_upper_bound(_relative_errors(estimates, reals, calibrate=True), confidence)
+
+
+def _median_or_none(errors: np.ndarray) -> float | None:
+    return None if errors.size == 0 else float(np.median(errors))
+
+
+def _median_upper_bound(errors: np.ndarray, confidence: float) -> float | None:
+    """The order-statistic bound of :func:`relative_error_bound` on given errors."""
+    errors = np.sort(errors)
     n = errors.size
     if n == 0:
         return None
@@ -182,16 +190,18 @@ def measure_error(
         raise ValueError("estimates and reals must have the same length")
     finite = np.isfinite(est) & np.isfinite(real)
     est, real = est[finite][-window:], real[finite][-window:]
+    # Calibrated once: the median and its bound are read from the same errors.
+    calibrated = _relative_errors(est, real, calibrate=True)
     return SimulatorError(
         n_pairs=int(est.size),
-        relative_error=relative_error(est, real, calibrate=True),
+        relative_error=_median_or_none(calibrated),
         raw_relative_error=relative_error(est, real, calibrate=False),
         discordance=tolerant_discordance(est, real, rank_tolerance),
         kendall_tau=kendall_tau(est, real),
         spearman_rho=spearman_rho(est, real),
         scale=_median_ratio(est, real),
         relative_error_bound=(
-            None if confidence is None else relative_error_bound(est, real, confidence=confidence)
+            None if confidence is None else _median_upper_bound(calibrated, confidence)
         ),
     )
 

@@ -20,6 +20,9 @@ from autoscout_optuna.fidelity._decision import (
 )
 
 ESTIMATE_STEP = 0
+# What of the longer trust window's error goes into a trial's ``autoscout:sim_error_detail``
+# (as ``trust_<name>``): what decided trust, not the report-only correlations.
+_TRUST_DETAIL = ("relative_error", "relative_error_bound", "discordance", "n_pairs")
 
 
 class FidelityPruner(BasePruner):
@@ -226,10 +229,8 @@ class FidelityPruner(BasePruner):
         set_user_attr(study, trial, _keys.SIM_ERROR, error.relative_error)
         detail = error.as_dict()
         if decision.trust_error is not None:
-            detail["trust_relative_error"] = decision.trust_error.relative_error
-            detail["trust_relative_error_bound"] = decision.trust_error.relative_error_bound
-            detail["trust_discordance"] = decision.trust_error.discordance
-            detail["trust_n_pairs"] = decision.trust_error.n_pairs
+            trust = decision.trust_error.as_dict()
+            detail.update({f"trust_{name}": trust[name] for name in _TRUST_DETAIL})
         set_user_attr(study, trial, _keys.SIM_ERROR_DETAIL, detail)
 
 

@@ -90,3 +90,19 @@ def test_relative_error_bound_covers_the_true_median_as_often_as_promised(n):
 def test_confidence_must_be_a_probability():
     with pytest.raises(ValueError, match="confidence"):
         measure_error([1.0, 2.0], [1.0, 2.0], window=5, confidence=1.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_measure_error_reads_median_and_bound_from_the_window_calibrated_once(seed):
+    rng = np.random.default_rng(seed)
+    real = rng.uniform(1, 10, size=30)
+    real[10] = 0.0  # no scale to compare against: skipped by both numbers
+    estimates = 1.7 * real * rng.lognormal(0, 0.2, size=30)
+    error = measure_error(estimates, real, window=25, confidence=0.9)
+    est_w, real_w = estimates[-25:], real[-25:]
+    keep = real_w != 0
+    scale = np.median(real_w[keep] / est_w[keep])
+    by_hand = np.abs(scale * est_w[keep] - real_w[keep]) / real_w[keep]
+    assert error.relative_error == pytest.approx(np.median(by_hand))
+    assert error.relative_error_bound == relative_error_bound(est_w, real_w, confidence=0.9)
+    assert error.relative_error_bound >= error.relative_error

@@ -89,6 +89,10 @@ def test_a_brief_good_stretch_does_not_win_back_trust():
     assert sum(t.state == TrialState.PRUNED for t in trials[200:]) > 30
     detail = trials[lucky[1]].user_attrs["autoscout:sim_error_detail"]
     assert detail["trust_n_pairs"] == 40 and detail["trust_discordance"] > 0.35
+    # The trust fields the pruner's docstring promises, and no others.
+    assert {k for k in detail if k.startswith("trust_")} == {
+        "trust_relative_error", "trust_relative_error_bound", "trust_discordance", "trust_n_pairs"
+    }
     # Without the longer window, the lucky stretch wins trust back, and the simulator's few
     # validations afterwards leave its reversal unnoticed (the recent window is full of the
     # lucky pairs): it prunes through the rest of the bad stretch.
