@@ -7,7 +7,8 @@ grid values (log-spaced for log knobs). A suggest that raises ``Infeasible`` par
 the whole subtree below the choices made so far.
 
 ``python -m autoscout_optuna._enumerate llm_training preset=70b-512 --store`` prints the optimum
-and stores it in ``studies/_optima.json``.
+and stores it in ``studies/_optima.json``; ``--landscape`` instead says how rare good structures
+are (how many reach each fraction of the optimum with dense knobs at the middle of their range).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import heapq
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -238,6 +239,43 @@ def find_optimum(
     return value, config
 
 
+LANDSCAPE_LEVELS = (0.99, 0.97, 0.95, 0.9, 0.8)
+
+
+def landscape(
+    definition: StudyDefinition, levels: Sequence[float] = LANDSCAPE_LEVELS
+) -> dict[str, Any]:
+    """How hard the study is for a search: its structures, how many are infeasible, and how
+    many reach each of ``levels`` (fractions of the stored optimum, best/optimum as the
+    benchmarks score it) with every dense knob at the middle of its range.
+
+    A level no structure reaches untuned says that the dense knobs must be tuned too; one that
+    a single structure reaches says the search must find that one.
+
+    Raises:
+        ValueError: when the definition has no stored optimum.
+    """
+    if definition.optimum is None:
+        raise ValueError(f"{definition.name!r} has no stored optimum to compare with")
+    optimum = abs(float(definition.optimum))
+    ratios: list[float] = []
+    n_infeasible = 0
+    for config in enumerate_configs(definition.suggest, dense_points=1):
+        score = _score(definition, config)
+        if score is None:
+            n_infeasible += 1
+            continue
+        value = abs(score)
+        ratios.append(value / optimum if definition.direction == "maximize" else optimum / value)
+    reached = np.asarray(ratios, dtype=float)
+    return {
+        "structures": len(ratios) + n_infeasible,
+        "infeasible": n_infeasible,
+        "best_untuned": float(reached.max()) if reached.size else None,
+        "reaching": {f"{level:g}": int((reached >= level).sum()) for level in levels},
+    }
+
+
 def _parse_option(text: str) -> tuple[str, Any]:
     key, _, raw = text.partition("=")
     try:
@@ -255,8 +293,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("options", nargs="*", help="study options as key=value (JSON values)")
     parser.add_argument("--dense-points", type=int, default=5)
     parser.add_argument("--store", action="store_true", help="write into studies/_optima.json")
+    parser.add_argument("--landscape", action="store_true",
+                        help="count the structures reaching each fraction of the optimum")
     args = parser.parse_args(argv)
     definition = studies.load(args.study, **dict(map(_parse_option, args.options)))
+    if args.landscape:
+        print(json.dumps(landscape(definition), indent=1))
+        return 0
     value, config = find_optimum(definition, dense_points=args.dense_points)
     options = dict(definition.options)
     key = optimum_key(definition.name, options)

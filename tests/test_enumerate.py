@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from autoscout_optuna._enumerate import enumerate_configs, find_optimum
+from autoscout_optuna._enumerate import enumerate_configs, find_optimum, landscape
 from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._study_definition import StudyDefinition
 
@@ -117,3 +117,38 @@ def test_find_optimum_never_returns_a_nan():
                                  suggest=_conditional, measure=measure)
     value, config = find_optimum(definition, dense_points=3)
     assert value == 1.0 and config["kind"] == "float"
+
+
+def test_landscape_counts_structures_by_how_close_they_come_untuned():
+    # x at the middle (0.5): "good" scores 0.98 of the optimum 1.0, "bad" 0.49, "broken" fails
+    def measure(config, rng=None):
+        if config["mode"] == "broken":
+            raise Infeasible("oom")
+        return (1.0 if config["mode"] == "good" else 0.5) * (1.0 - (config["x"] - 0.36) ** 2)
+
+    definition = StudyDefinition(
+        name="toy", direction="maximize", metric="score", suggest=_toy_definition().suggest,
+        measure=measure, optimum=1.0,
+    )
+    result = landscape(definition, levels=(0.99, 0.95, 0.4))
+    assert result["structures"] == 3 and result["infeasible"] == 1
+    assert result["best_untuned"] == pytest.approx(1.0 - 0.14**2)
+    assert result["reaching"] == {"0.99": 0, "0.95": 1, "0.4": 2}
+
+
+def test_landscape_scores_a_minimized_metric_as_optimum_over_value():
+    def measure(config, rng=None):
+        return 2.0 if config["kind"] == "int" else 4.0
+
+    definition = StudyDefinition(name="cost", direction="minimize", metric="s",
+                                 suggest=_conditional, measure=measure, optimum=2.0)
+    result = landscape(definition, levels=(0.99, 0.5))
+    # three int structures (n = 1, 2, 3) reach the optimum, the float one half of it
+    assert result["reaching"] == {"0.99": 3, "0.5": 4}
+
+
+def test_landscape_needs_a_stored_optimum():
+    definition = StudyDefinition(name="none", direction="maximize", metric="x",
+                                 suggest=_conditional, measure=lambda config, rng=None: 1.0)
+    with pytest.raises(ValueError, match="no stored optimum"):
+        landscape(definition)

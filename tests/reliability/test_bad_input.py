@@ -95,6 +95,7 @@ BAD_ARGUMENTS = {
         "dense_optimizer": ["no", None, 1],
         "feature_prioritization": ["no", None],
         "neighbour_arm": ["no"],
+        "model_arm": ["yes", 1],
         "explore_sampler": ["tpe", 5],
         "refine_sampler": ["tpe", _random_sampler],
     },

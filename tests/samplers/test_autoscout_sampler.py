@@ -143,6 +143,58 @@ def test_neighbour_arm_changes_one_structural_param_of_the_incumbent():
         assert trial.params["x"] in {t.params["x"] for t in earlier}
 
 
+def model_objective(trial):
+    tp = trial.suggest_categorical("tp", [1, 2, 4, 8])
+    pp = trial.suggest_categorical("pp", [1, 2, 4])
+    mode = trial.suggest_categorical("mode", ["none", "selective", "full"])
+    layers = trial.suggest_int("layers", 1, 4) if mode != "none" else 0
+    x = trial.suggest_float("x", -5.0, 5.0)
+    if tp * pp == 32:
+        raise Infeasible("oom", "tp * pp too large")
+    return -(abs(tp - 4) + abs(pp - 2) + (mode == "full") + 0.1 * layers + 0.01 * x * x)
+
+
+def test_model_arm_runs_the_structure_it_proposed_with_the_incumbents_dense_values():
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(
+        seed=2, n_startup_trials=6, model_arm=True, policy="alternate",
+        explore_sampler=FakeArm("explore"), refine_sampler=FakeArm("refine"),
+    ))
+    study.optimize(model_objective, n_trials=30, catch=(Infeasible,))
+    modelled = [t for t in study.trials if t.user_attrs[_keys.ARM] == "model"]
+    assert len(modelled) >= 5
+    for trial in modelled:
+        record = trial.user_attrs["autoscout:model"]
+        assert {k: trial.params[k] for k in record["structure"]} == record["structure"]
+        assert ("layers" in record["structure"]) == (record["structure"]["mode"] != "none")
+        assert 0.0 <= record["p_fail"] <= 1.0 and record["candidates"] >= 1
+        earlier = [t for t in study.trials[: trial.number] if t.state == TrialState.COMPLETE]
+        assert trial.params["x"] in {t.params["x"] for t in earlier}
+        # never a structure some earlier trial ran
+        structure = {k: v for k, v in trial.params.items() if k != "x"}
+        assert all({k: v for k, v in t.params.items() if k != "x"} != structure
+                   for t in study.trials[: trial.number])
+
+
+def test_model_arm_resumes_from_storage_as_one_study(tmp_path):
+    def run(storage, n):
+        sampler = AutoScoutSampler(seed=4, n_startup_trials=5, model_arm=True,
+                                   explore_sampler=FakeArm("explore"),
+                                   refine_sampler=FakeArm("refine"))
+        study = optuna.create_study(direction="maximize", sampler=sampler, storage=storage,
+                                    study_name="m", load_if_exists=True)
+        study.optimize(model_objective, n_trials=n, catch=(Infeasible,))
+        return study
+
+    once = run(None, 26)
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    run(url, 13)
+    resumed = run(url, 13)
+    assert "model" in {t.user_attrs[_keys.ARM] for t in once.trials}
+    for a, b in zip(once.trials, resumed.trials, strict=True):
+        assert a.params == b.params
+        assert a.user_attrs[_keys.ARM] == b.user_attrs[_keys.ARM]
+
+
 def test_startup_covers_every_structural_value_and_shares_dense_values():
     study = optuna.create_study(sampler=AutoScoutSampler(seed=3, n_startup_trials=3))
     study.optimize(conditional_objective, n_trials=3)

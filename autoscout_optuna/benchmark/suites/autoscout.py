@@ -36,6 +36,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "ablation: no feature prioritization": {"feature_prioritization": False},
     "ablation: naive reward": {"reward": "naive"},
     "variant: + neighbour arm": {"neighbour_arm": True},
+    "variant: + model arm": {"model_arm": True},
 }
 
 
@@ -135,7 +136,8 @@ def suites(quick: bool = False) -> list[Suite]:
                 "bandit, no dense optimizer (dense knobs keep the incumbent's values), no "
                 "feature prioritization in MCTS, and a naive reward (difference to the "
                 "incumbent) instead of difference-in-differences; plus the optional neighbour "
-                "arm (one structural change of the incumbent). Scored on the noiseless "
+                "arm (one structural change of the incumbent) and model arm (a structure "
+                "proposed by a log-additive model of all scores). Scored on the noiseless "
                 f"reference value; GP runs {baselines.GP_SEEDS} seeds (its per-trial cost)."
             ),
         ),
@@ -184,13 +186,14 @@ def measure_overhead(
 ) -> dict[int, dict[str, float]]:
     """Sampler CPU ms/trial (mean of the 50 trials before each checkpoint) on the 15-knob space.
 
-    For ``"autoscout"`` the MCTS and coordinate-descent shares are reported too, the rest is the
-    orchestrator's own (history digest, bandit, plan).
+    For ``"autoscout"`` (and ``"autoscout+model"``, with the model arm) the MCTS and
+    coordinate-descent shares are reported too, the rest is the orchestrator's own (history
+    digest, bandit, plan, and the model arm's proposals).
     """
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     parts: dict[str, _CpuTimedSampler] = {}
-    if contender == "autoscout":
-        inner = make_autoscout(0)
+    if contender in ("autoscout", "autoscout+model"):
+        inner = make_autoscout(0, model_arm=contender == "autoscout+model")
         parts = {"mcts": _CpuTimedSampler(inner._explore), "cd": _CpuTimedSampler(inner._refine)}
         inner._explore, inner._refine = parts["mcts"], parts["cd"]
     else:

@@ -14,12 +14,12 @@ trial that shares with ``t`` the factor ``t``'s arm did not change::
     naive(t) = y_t - y*
     did(t)   = (y_t - y*) - (y_c(t) - y*)  =  y_t - y_c(t)
 
-* explore or neighbour, new structure (stage 0 of its tuning): the control is the incumbent
+* explore, neighbour or model, new structure (stage 0 of its tuning): the control is the incumbent
   structure at stage 0, i.e. its first evaluation. The second difference ``y_c - y*``
   removes the tuning gain the incumbent has had and the new structure has not.
 * refine (dense knobs moved, structure kept): the control is that structure's best earlier
   score: the step is credited only with what it added to its own structure.
-* explore or neighbour landing on a known structure: the control is the incumbent. The trial
+* explore, neighbour or model landing on a known structure: the control is the incumbent. The trial
   carries the incumbent's dense values onto a structure measured before, often at untuned
   values; against that structure's own best it would be credited with the tuning the refine
   arm did and it only copied (on llm_serving such trials earned over half of the explore
@@ -59,7 +59,8 @@ class ArmOutcome:
     """One finished trial as the reward estimator sees it.
 
     Attributes:
-        arm: ``"startup"``, ``"explore"``, ``"neighbour"`` or ``"refine"``.
+        arm: ``"startup"``, ``"explore"``, ``"neighbour"``, ``"model"`` or ``"refine"``
+            (every arm but ``"refine"`` proposes a structure and is credited as ``explore``).
         structure: A hashable key of the trial's structural params.
         score: Oriented score (larger is better); None for a failed trial.
     """

@@ -7,7 +7,7 @@ Works on :class:`~autoscout_optuna.samplers._autoscout.reader.Seen` lists only (
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +24,11 @@ from autoscout_optuna.samplers._autoscout.did import (
 )
 from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
 from autoscout_optuna.samplers._autoscout.startup import infer_conditions, least_covered
+from autoscout_optuna.samplers._autoscout.surrogate import Proposal, propose
 
-ARMED = ("explore", "neighbour", "refine")
+ARMED = ("explore", "neighbour", "model", "refine")
+# Arms that propose a structure (the others keep one and move dense knobs).
+STRUCTURE_ARMS = ("explore", "neighbour", "model")
 # Refinement trials per dense knob a structure gets without a gain before it counts as tuned
 # out. Three (a probe either way along every coordinate, then one step) wrote structures off
 # too early: on llm_serving (4 dense knobs, noisy) gains kept coming after 12 flat trials.
@@ -117,10 +120,12 @@ def make_plan(
     startup: bool,
     rng: np.random.Generator,
     move: tuple[str, Any] | None = None,
+    structure: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The plan :class:`TransplantSampler` plays back (see its module doc for the rules).
 
-    With ``move``, the structure is the incumbent's with that one change (neighbour arm).
+    With ``move``, the structure is the incumbent's with that one change (neighbour arm); with
+    ``structure``, those structural values (model arm).
     """
     values: dict[str, Any] = {}
     # Start-up keeps dense knobs shared while it still meets structural values for the first
@@ -140,6 +145,8 @@ def make_plan(
     if move is not None and best is not None:
         values.update(structure_of(best, space))
         values[move[0]] = move[1]
+    if structure is not None:
+        values.update(structure)
     return {"values": values, "unseen_dense": "random" if dense_random else "centre"}
 
 
@@ -289,11 +296,24 @@ def refine_target(
 
 
 def exploring_succeeds(history: Sequence[Seen], last: int = 5) -> bool:
-    """Whether one of the ``last`` finished explore/neighbour trials ended with a value."""
+    """Whether one of the ``last`` finished structure proposals (explore, neighbour, model
+    trials) ended with a value."""
     kinds = list(itertools.islice(
         (o.kind for o in reversed(history)
-         if o.arm in ("explore", "neighbour") and o.kind != "pending"), last))
+         if o.arm in STRUCTURE_ARMS and o.kind != "pending"), last))
     return any(kind in ("real", "estimate") for kind in kinds)
+
+
+def model_proposal(
+    history: Sequence[Seen], space: ObservedSpace, rng: np.random.Generator
+) -> Proposal | None:
+    """The model arm's structure (:mod:`~autoscout_optuna.samplers._autoscout.surrogate`)."""
+    names = list(space.structural)
+    return propose(
+        names, [discrete_values(space.distributions[n]) for n in names],
+        [o.params for o in history], [o.kind for o in history], [o.score for o in history],
+        infer_conditions([o.params for o in history], space.structural, of=names), rng,
+    )
 
 
 def _arm(obs: Seen) -> str:

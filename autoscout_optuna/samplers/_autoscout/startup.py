@@ -32,12 +32,14 @@ def least_covered(
 
 
 def infer_conditions(
-    param_sets: Sequence[Mapping[str, Any]], structural: Sequence[str]
+    param_sets: Sequence[Mapping[str, Any]], structural: Sequence[str],
+    of: Sequence[str] | None = None,
 ) -> dict[str, dict[str, list[Any]]]:
     """Which structural values each conditional param has been seen under.
 
     A param ``p`` is conditional on a structural param ``q`` when ``q`` was present in every
     trial that had ``p`` and ``p`` appeared under only some of ``q``'s observed values.
+    ``of`` limits the params ``p`` looked at (default: every param seen).
 
     Returns:
         ``{p: {q: sorted values of q under which p appeared}}`` for conditional params only.
@@ -47,7 +49,7 @@ def infer_conditions(
         for q in structural:
             if q in params:
                 all_values.setdefault(q, set()).add(_key(params[q]))
-    names = sorted({name for params in param_sets for name in params})
+    names = sorted({name for params in param_sets for name in params} if of is None else of)
     conditions: dict[str, dict[str, list[Any]]] = {}
     for p in names:
         having = [params for params in param_sets if p in params]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class FeasibilityModel:
         rows = np.atleast_2d(codes)
         p = np.zeros(len(rows))
         if self.weights is not None:
-            z = self.intercept + _one_hot(rows, self.offsets) @ self.weights
+            z = self.intercept + one_hot(rows, self.offsets) @ self.weights
             p = 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
         if self.dominance is not None:
             fails, fits = self.dominance.verdicts(rows)
@@ -101,7 +102,7 @@ def fit_feasibility(
     if not full_failed.any():
         return FeasibilityModel(offsets, None, dead=dead)
     rows = full_failed | feasible
-    x = _one_hot(codes[rows], offsets)
+    x = one_hot(codes[rows], offsets)
     y = full_failed[rows].astype(float)
     weights, intercept = _logistic(x, y)
     dominance = None
@@ -111,7 +112,16 @@ def fit_feasibility(
     return FeasibilityModel(offsets, weights, intercept, dominance, dead)
 
 
-def _one_hot(codes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+def numeric_values(values: Sequence[Any]) -> np.ndarray | None:
+    """A column's values as numbers (booleans included), or None if any is not a number."""
+    if not all(isinstance(v, (int, float, np.integer, np.floating)) for v in values):
+        return None
+    return np.array(values, dtype=float)
+
+
+def one_hot(codes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """One column per (param, value); a row's ``ABSENT`` (not asked) or ``OTHER`` (outside
+    the domain) params add none."""
     x = np.zeros((len(codes), int(offsets[-1])))
     for column in range(codes.shape[1]):
         taken = codes[:, column] >= 0  # ABSENT and OTHER (a value outside the domain) add none

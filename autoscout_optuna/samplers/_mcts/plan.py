@@ -16,7 +16,7 @@ import numpy as np
 
 from autoscout_optuna.samplers._mcts.descent import TreePolicy, plan_path
 from autoscout_optuna.samplers._mcts.encoding import Table, value_key
-from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility
+from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility, numeric_values
 from autoscout_optuna.samplers._mcts.tournament import (
     Dependencies,
     candidate_orders,
@@ -189,7 +189,7 @@ def _feasible_path(
     failed = kinds == FAILED
     model = fit_feasibility(
         table.codes, n_values, failed, (kinds == REAL) | (kinds == ESTIMATE),
-        numeric=[_numeric(values) for values in table.values], positions=table.positions,
+        numeric=[numeric_values(values) for values in table.values], positions=table.positions,
     )
     codes, rewards, weights = table.codes, evidence.rewards, evidence.weights
     partial = failed | (kinds == PENDING)
@@ -215,13 +215,6 @@ def _feasible_path(
     best = min(range(len(drawn)), key=lambda i: (drawn[i][0], i))
     rejected = [(round(p, 3), path) for i, (p, path) in enumerate(drawn) if i != best]
     return drawn[best][1], {"p_fail": round(drawn[best][0], 3), "rejected": rejected}
-
-
-def _numeric(values: Sequence[Any]) -> np.ndarray | None:
-    """A column's values as numbers (booleans included), or None if any is not a number."""
-    if not all(isinstance(v, (int, float, np.integer, np.floating)) for v in values):
-        return None
-    return np.array(values, dtype=float)
 
 
 def _same_dense_values(table: Table, fixed: Mapping[str, Any] | None) -> np.ndarray | None:
