@@ -309,10 +309,11 @@ def model_proposal(
 ) -> Proposal | None:
     """The model arm's structure (:mod:`~autoscout_optuna.samplers._autoscout.surrogate`)."""
     names = list(space.structural)
+    rows = [o.params for o in history]
     return propose(
-        names, [discrete_values(space.distributions[n]) for n in names],
-        [o.params for o in history], [o.kind for o in history], [o.score for o in history],
-        infer_conditions([o.params for o in history], space.structural, of=names), rng,
+        names, [discrete_values(space.distributions[n]) for n in names], rows,
+        [o.kind for o in history], [o.score for o in history],
+        infer_conditions(rows, space.structural, of=names), rng,
     )
 
 

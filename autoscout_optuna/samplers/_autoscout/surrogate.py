@@ -84,25 +84,28 @@ def propose(
             be asked.
         rng: Source of the candidates and the Thompson draw.
     """
-    codes = encode(names, value_lists, rows)
+    lookups = _lookups(value_lists)
+    codes = encode(names, lookups, rows)
     kind = np.asarray(kinds, dtype=str)
     scored = (kind == "real") | (kind == "estimate")
     if scored.sum() < MIN_SCORED:
         return None
-    offsets = np.concatenate([[0], np.cumsum([len(v) for v in value_lists])]).astype(int)
+    n_values = [len(v) for v in value_lists]
+    offsets = np.concatenate([[0], np.cumsum(n_values)]).astype(int)
+    scored_scores = np.asarray(scores, dtype=float)[scored]
     weights = draw_weights(
-        one_hot(codes[scored], offsets), log_scores(np.asarray(scores, dtype=float)[scored]),
+        one_hot(codes[scored], offsets), log_scores(scored_scores),
         np.where(kind[scored] == "estimate", ESTIMATE_WEIGHT, 1.0), rng,
     )
-    order = np.argsort(-np.asarray(scores, dtype=float)[scored], kind="stable")
+    order = np.argsort(-scored_scores, kind="stable")
     templates = codes[np.flatnonzero(scored)[order[:N_TEMPLATES]]]
-    candidates = make_candidates(templates, [len(v) for v in value_lists], rng)
-    candidates = apply_conditions(candidates, names, value_lists, conditions)
+    candidates = make_candidates(templates, n_values, rng)
+    candidates = apply_conditions(candidates, names, lookups, conditions)
     candidates = untried(np.unique(candidates, axis=0), codes)
     if len(candidates) == 0:
         return None
     feasibility = fit_feasibility(
-        codes, [len(v) for v in value_lists], kind == "failed", scored,
+        codes, n_values, kind == "failed", scored,
         numeric=[numeric_values(values) for values in value_lists],
     )
     p_fail = feasibility.p_fail(candidates)
@@ -117,17 +120,21 @@ def propose(
     return Proposal(values, float(predicted[best]), float(p_fail[best]), len(candidates))
 
 
+def _lookups(value_lists: Sequence[Sequence[Any]]) -> list[dict[Any, int]]:
+    """Per param, its values' codes by ``value_key``."""
+    return [{value_key(v): k for k, v in enumerate(values)} for values in value_lists]
+
+
 def encode(
-    names: Sequence[str], value_lists: Sequence[Sequence[Any]], rows: Sequence[Mapping[str, Any]]
+    names: Sequence[str], lookups: Sequence[Mapping[Any, int]], rows: Sequence[Mapping[str, Any]]
 ) -> np.ndarray:
-    """``codes[i, j]``: the index of row ``i``'s value of ``names[j]``; ``ABSENT`` if not asked
-    (or a value outside today's list)."""
-    index = [{value_key(v): k for k, v in enumerate(values)} for values in value_lists]
+    """``codes[i, j]``: the index (``lookups[j]``) of row ``i``'s value of ``names[j]``;
+    ``ABSENT`` if not asked (or a value outside today's list)."""
     codes = np.full((len(rows), len(names)), ABSENT, dtype=int)
     for i, params in enumerate(rows):
         for j, name in enumerate(names):
             if name in params:
-                codes[i, j] = index[j].get(value_key(params[name]), ABSENT)
+                codes[i, j] = lookups[j].get(value_key(params[name]), ABSENT)
     return codes
 
 
@@ -186,13 +193,13 @@ def make_candidates(
 
 
 def apply_conditions(
-    candidates: np.ndarray, names: Sequence[str], value_lists: Sequence[Sequence[Any]],
+    candidates: np.ndarray, names: Sequence[str], lookups: Sequence[Mapping[Any, int]],
     conditions: Mapping[str, Mapping[str, Sequence[Any]]],
 ) -> np.ndarray:
-    """Each candidate with the params it would not be asked set to ``ABSENT``."""
+    """Each candidate with the params it would not be asked set to ``ABSENT`` (``lookups``:
+    per param, its values' codes, as for :func:`encode`)."""
     candidates = candidates.copy()
     column = {name: j for j, name in enumerate(names)}
-    index = [{value_key(v): k for k, v in enumerate(values)} for values in value_lists]
     # a parent that is itself conditional can switch a child off only once it is settled
     for _ in range(len(conditions)):
         before = candidates.copy()
@@ -203,8 +210,8 @@ def apply_conditions(
             for parent, values in parents.items():
                 if parent not in column:
                     continue
-                allowed = [index[column[parent]][value_key(v)] for v in values
-                           if value_key(v) in index[column[parent]]]
+                codes = lookups[column[parent]]
+                allowed = [codes[value_key(v)] for v in values if value_key(v) in codes]
                 active &= np.isin(candidates[:, column[parent]], allowed)
             candidates[~active, column[param]] = ABSENT
         if np.array_equal(before, candidates):
