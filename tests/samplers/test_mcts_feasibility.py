@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import optuna
+import pytest
 
 from autoscout_optuna import MCTSSampler
 from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility
@@ -89,3 +90,34 @@ def test_resume_from_sqlite_reproduces_feasibility_decisions(tmp_path):
     assert [t.user_attrs.get(FEASIBILITY_KEY) for t in resumed.trials] == [
         t.user_attrs.get(FEASIBILITY_KEY) for t in whole.trials
     ]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_logistic_fit_matches_the_dense_newton_solution(seed):
+    # The fit works on feature indices, never forming the one-hot design (no BLAS threads):
+    # it must land on the same penalized optimum as the textbook dense Newton iteration, also
+    # with absent params, values outside the domain, and a failure rate near 0.
+    from autoscout_optuna.samplers._mcts.feasibility import L2, _logistic, one_hot
+    from autoscout_optuna.samplers._mcts.tree import OTHER
+
+    rng = np.random.default_rng(seed)
+    n_values = [int(v) for v in rng.integers(2, 6, size=5)]
+    offsets = np.concatenate([[0], np.cumsum(n_values)]).astype(int)
+    codes = np.stack([rng.integers(0, n, size=300) for n in n_values], axis=1)
+    codes[rng.random(codes.shape) < 0.1] = ABSENT
+    codes[rng.random(codes.shape) < 0.02] = OTHER
+    heavy = (codes == 0).sum(axis=1) + rng.normal(0.0, 1.0, len(codes))
+    y = (heavy > np.quantile(heavy, 0.9 if seed else 0.995)).astype(float)
+
+    design = np.hstack([np.ones((len(codes), 1)), one_hot(codes, offsets)])
+    penalty = np.full(design.shape[1], L2)
+    penalty[0] = 1e-6
+    beta = np.zeros(design.shape[1])
+    for _ in range(100):
+        p = 1.0 / (1.0 + np.exp(-(design @ beta)))
+        hessian = (design * (p * (1 - p))[:, None]).T @ design + np.diag(penalty)
+        beta -= np.linalg.solve(hessian, design.T @ (p - y) + penalty * beta)
+
+    weights, intercept = _logistic(codes, offsets, y)
+    np.testing.assert_allclose(weights, beta[1:], atol=1e-8)
+    assert abs(intercept - beta[0]) < 1e-8
