@@ -194,3 +194,27 @@ def test_unseen_path_check_agrees_with_enumerating_every_path(seed):
     for path in paths({}):
         steps = [Step(c, v, 0, 0, 0) for c, v in path.items()]
         assert unseen.repeats(steps) == _is_duplicate(codes, steps, partial)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_unique_rows_agrees_with_numpy_unique(seed):
+    from autoscout_optuna.samplers._mcts.tree import unique_rows
+
+    rng = np.random.default_rng(seed)
+    n_columns = int(rng.integers(1, 8)) if seed % 5 else 40  # 40 columns: the key overflows
+    rows = rng.integers(-2, 1 + seed % 4, size=(int(rng.integers(1, 200)), n_columns))
+    unique, inverse, counts = unique_rows(rows)
+    expected, expected_inverse, expected_counts = np.unique(
+        rows, axis=0, return_inverse=True, return_counts=True
+    )
+    np.testing.assert_array_equal(unique, expected)
+    np.testing.assert_array_equal(inverse, expected_inverse.reshape(-1))
+    np.testing.assert_array_equal(counts, expected_counts)
+    np.testing.assert_array_equal(unique[inverse], rows)
+
+
+def test_unique_rows_of_no_rows():
+    from autoscout_optuna.samplers._mcts.tree import unique_rows
+
+    unique, inverse, counts = unique_rows(np.zeros((0, 3), dtype=np.int64))
+    assert unique.shape == (0, 3) and len(inverse) == 0 and len(counts) == 0

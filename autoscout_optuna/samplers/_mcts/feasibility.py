@@ -24,7 +24,7 @@ import numpy as np
 
 from autoscout_optuna.samplers._mcts.monotone import DominanceModel, fit_dominance
 from autoscout_optuna.samplers._mcts.prefix import dead_pairs, p_dead
-from autoscout_optuna.samplers._mcts.tree import ABSENT
+from autoscout_optuna.samplers._mcts.tree import ABSENT, unique_rows
 
 # Ridge penalty on the weights (not the intercept): with a few dozen rows and ~30 one-hot
 # features, an unpenalized fit would call every unseen combination certain to fail or succeed.
@@ -150,8 +150,8 @@ def _logistic(codes: np.ndarray, offsets: np.ndarray, y: np.ndarray) -> tuple[np
         active[taken, column + 1] = 1 + offsets[column] + codes[taken, column]
     # Rows of one structure are one weighted row (``count`` of them, ``failures`` failed): a
     # long study refines the same structures over and over.
-    active, inverse, count = np.unique(active, axis=0, return_inverse=True, return_counts=True)
-    failures = np.bincount(inverse.reshape(-1), weights=y, minlength=len(active))
+    active, inverse, count = unique_rows(active)
+    failures = np.bincount(inverse, weights=y, minlength=len(active))
     pairs = (active[:, :, None] * size + active[:, None, :]).reshape(len(active), -1)
     penalty = np.full(size - 1, L2)
     penalty[0] = 1e-6

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscout_optuna.samplers._mcts.tree import OTHER
+from autoscout_optuna.samplers._mcts.tree import OTHER, unique_rows
 
 # Minimum |correlation| between a numeric column's value order and its logistic weights for
 # the column to get a direction: below it the data do not say which way failure grows.
@@ -82,8 +82,8 @@ def fit_dominance(
     # only asks whether *any* anchor dominates, and a long study repeats its structures
     # thousands of times (5,000 trials on 300 structures, 20 % failed: 0.55 s per plan
     # without this, 15 ms with).
-    failures = np.unique(codes[failed], axis=0)
-    successes = np.unique(codes[feasible], axis=0)
+    failures = unique_rows(codes[failed])[0]
+    successes = unique_rows(codes[feasible])[0]
     # A success at least as heavy as a failure contradicts the order: drop both from evidence.
     clash = _at_least(successes, failures, heaviness)
     return DominanceModel(

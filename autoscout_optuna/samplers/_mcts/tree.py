@@ -199,3 +199,34 @@ def narrow(codes: np.ndarray, rows: np.ndarray, column: int, code: int) -> np.nd
     """The rows of a child node: those of ``rows`` that took ``code`` or lack ``column``."""
     col = codes[rows, column]
     return rows[(col == code) | (col == ABSENT)]
+
+
+def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_inverse=True, return_counts=True)`` for int rows.
+
+    Each row becomes one int64 key (its codes as digits, the first column most significant),
+    so the rows sort as a 1-D array, in the same lexicographic order: ``np.unique`` with
+    ``axis=0`` sorts a structured view instead, 10x slower on a few hundred rows, and the
+    feasibility model does it several times per plan. Falls back to it when the key would
+    overflow.
+
+    Returns:
+        ``(unique rows, index of each row's unique row, count of each unique row)``.
+    """
+    rows = np.asarray(rows)
+    if len(rows) == 0:
+        return rows, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    low = int(rows.min())
+    base = int(rows.max()) - low + 1
+    if base ** rows.shape[1] >= 2**62:
+        unique, inverse, counts = np.unique(
+            rows, axis=0, return_inverse=True, return_counts=True
+        )
+        return unique, inverse.reshape(-1), counts
+    key = np.zeros(len(rows), dtype=np.int64)
+    for column in range(rows.shape[1]):
+        key = key * base + (rows[:, column].astype(np.int64) - low)
+    _, first, inverse, counts = np.unique(
+        key, return_index=True, return_inverse=True, return_counts=True
+    )
+    return rows[first], inverse.reshape(-1), counts
