@@ -350,6 +350,16 @@ def test_benchmark_suites_compare_ablations_and_measure_overhead():
     assert len(knobs) == 15
 
 
+def test_overhead_measurement_reports_each_part_for_a_chosen_seed():
+    from autoscout_optuna.benchmark.suites.autoscout import measure_overhead
+
+    rows = measure_overhead("autoscout", 60, checkpoints=(60,), seed=3)
+    assert set(rows) == {60}
+    row = rows[60]
+    assert set(row) == {"total", "mcts", "cd", "orchestrator"}
+    assert row["total"] > 0 and row["mcts"] + row["cd"] <= row["total"]
+
+
 def test_refining_stops_on_structures_that_no_longer_improve():
     # The dense knob does nothing: the top structures each get their patience, then refining
     # stops while exploration still finds feasible structures.

@@ -125,26 +125,6 @@ def test_plan_with_everything_evaluated_still_returns_a_full_path():
     assert tuple(s.code for s in steps) == (1, 1)
 
 
-def test_revisions_skip_a_node_whose_every_path_was_taken(monkeypatch):
-    # Greedy descent plans (1, 1, 1), a repeat, and every path below (1, 1) was taken too:
-    # revising the last level could only repeat. With a budget of one revision, it must go to
-    # the level above, where (1, 0, *) is new, instead of being spent on the last level and
-    # leaving the plan to the whole-tree search.
-    from autoscout_optuna.samplers._mcts import descent
-
-    def no_search(*args, **kwargs):
-        raise AssertionError("the whole-tree search ran: the revision budget was wasted")
-
-    monkeypatch.setattr(descent, "_first_unseen_path", no_search)
-    codes, rewards = _table([[1, 1, 1], [1, 1, 0], [1, 0, 0], [0, 0, 0]], [1.0, 0.9, 0.2, 0.0])
-    policy = TreePolicy(exploration=0.0, rave_equivalence=0.0, rave_visit_share=0.0,
-                        max_backtracks=1)
-    steps = plan_path(
-        codes, [2, 2, 2], rewards, np.ones(4), [0, 1, 2], {}, np.random.default_rng(0), policy
-    )
-    assert tuple(s.code for s in steps) == (1, 0, 1)
-
-
 def test_max_backup_values_a_child_by_its_best_result_too():
     # Value 0: steady 0.6; value 1: one great (1.0) and one poor (0.0) result.
     codes = np.array([[0], [0], [1], [1]])

@@ -182,25 +182,28 @@ class _CpuTimedSampler(TimedSampler):
 
 
 def measure_overhead(
-    contender: str, n_trials: int, checkpoints: tuple[int, ...] = (100, 1000, 2000, 5000)
+    contender: str, n_trials: int, checkpoints: tuple[int, ...] = (100, 1000, 2000, 5000),
+    seed: int = 0,
 ) -> dict[int, dict[str, float]]:
     """Sampler CPU ms/trial (mean of the 50 trials before each checkpoint) on the 15-knob space.
 
     For ``"autoscout"`` (and ``"autoscout+model"``, with the model arm) the MCTS and
     coordinate-descent shares are reported too, the rest is the orchestrator's own (history
-    digest, bandit, plan, and the model arm's proposals).
+    digest, bandit, plan, and the model arm's proposals). ``seed`` seeds the sampler and the
+    measurement noise: the cost depends on the path a run takes (e.g. whether it has met the
+    space's infeasible corner, after which every MCTS plan fits its feasibility model).
     """
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     parts: dict[str, _CpuTimedSampler] = {}
     if contender in ("autoscout", "autoscout+model"):
-        inner = make_autoscout(0, model_arm=contender == "autoscout+model")
+        inner = make_autoscout(seed, model_arm=contender == "autoscout+model")
         parts = {"mcts": _CpuTimedSampler(inner._explore), "cd": _CpuTimedSampler(inner._refine)}
         inner._explore, inner._refine = parts["mcts"], parts["cd"]
     else:
-        inner = baselines.make_tpe(0)
+        inner = baselines.make_tpe(seed)
     sampler = _CpuTimedSampler(inner)
     study = optuna.create_study(direction="minimize", sampler=sampler)
-    objective = reference_objective(overhead_definition(), noise_seed=0)
+    objective = reference_objective(overhead_definition(), noise_seed=seed)
     study.optimize(objective, n_trials=n_trials, catch=(Infeasible,))
     result = {}
     for point in (p for p in checkpoints if p <= n_trials):
@@ -217,9 +220,10 @@ def _mean_ms(sampler: TimedSampler, numbers: range) -> float:
     return 1000.0 * sum(sampler.seconds_by_trial.get(i, 0.0) for i in numbers) / len(numbers)
 
 
-if __name__ == "__main__":  # python -m autoscout_optuna.benchmark.suites.autoscout autoscout 5000
+if __name__ == "__main__":  # python -m autoscout_optuna.benchmark.suites.autoscout autoscout 5000 0
     import sys
 
     which, count = sys.argv[1], int(sys.argv[2])
-    for point, row in measure_overhead(which, count).items():
+    run_seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    for point, row in measure_overhead(which, count, seed=run_seed).items():
         print(which, point, {k: round(v, 2) for k, v in row.items()})

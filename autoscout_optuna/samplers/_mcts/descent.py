@@ -99,32 +99,18 @@ def plan_path(
     # The revisions below ask the same question again and again, and the search after them
     # walks the same rows: both use the bit masks of one _UnseenPaths.
     unseen = _UnseenPaths(known, known_partial, n_values, order, inactive_under)
-    if not unseen.below({}, unseen.every_row):
-        return steps  # every path was taken: nothing better than the planned one
-    # The rows reaching each node of the planned path (bit masks of ``unseen``), root first.
-    reached = [unseen.every_row]
-    for step in steps:
-        reached.append(unseen.child(reached[-1], step.column, step.code))
     budget = policy.max_backtracks
     for level in range(len(steps) - 1, -1, -1):
         head = steps[:level]
-        decided = {s.column: s.code for s in head}
-        if not unseen.below(decided, reached[level]):
-            # Every path below this node was taken: a revision here could only repeat one.
-            # Skipping it keeps the budget for the levels where something new is left (in a
-            # small, well-trodden tree the revisions otherwise all went to waste).
-            continue
-        column = steps[level].column
-        scores = _scores_at(codes, n_values, rewards, weights, head, column, policy, stats)
-        tried = np.zeros(n_values[column], dtype=bool)
+        scores = _scores_at(
+            codes, n_values, rewards, weights, head, steps[level].column, policy, stats
+        )
+        tried = np.zeros(n_values[steps[level].column], dtype=bool)
         tried[steps[level].code] = True
         while budget > 0 and not tried.all():
+            budget -= 1
             alt = pick(scores.score, rng, allowed=~tried)
             tried[alt] = True
-            if not unseen.below({**decided, column: alt},
-                                unseen.child(reached[level], column, alt)):
-                continue  # only known configurations below: no descent, no budget spent
-            budget -= 1
             first = Step(
                 steps[level].column, alt, float(scores.score[alt]), float(scores.value[alt]),
                 float(scores.visits[alt]),
@@ -141,6 +127,8 @@ def plan_path(
     # Every bounded revision landed on a known configuration (a well-trodden part of the tree,
     # typical once pruned trials fill it): search the tree in preference order for the first
     # configuration no trial took. Without this, the duplicate is proposed again and again.
+    if not unseen.below({}, unseen.every_row):
+        return steps  # every path was taken: nothing better than the planned one
     fresh = _first_unseen_path(
         codes, n_values, rewards, weights, order, inactive_under, rng, policy, stats, failed,
         known, known_partial, unseen,
