@@ -30,7 +30,7 @@ import numpy as np
 
 from autoscout_optuna.samplers._mcts.encoding import value_key
 from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility, numeric_values, one_hot
-from autoscout_optuna.samplers._mcts.tree import ABSENT
+from autoscout_optuna.samplers._mcts.tree import ABSENT, unique_rows
 
 # Ridge prior precision on the one-hot weights (standardized targets): about one trial's worth.
 PRIOR_PRECISION = 1.0
@@ -101,7 +101,7 @@ def propose(
     templates = codes[np.flatnonzero(scored)[order[:N_TEMPLATES]]]
     candidates = make_candidates(templates, n_values, rng)
     candidates = apply_conditions(candidates, names, lookups, conditions)
-    candidates = untried(np.unique(candidates, axis=0), codes)
+    candidates = untried(unique_rows(candidates)[0], codes)
     if len(candidates) == 0:
         return None
     feasibility = fit_feasibility(
@@ -228,7 +228,7 @@ def untried(candidates: np.ndarray, codes: np.ndarray) -> np.ndarray:
     """
     keep = np.ones(len(candidates), dtype=bool)
     asked = codes != ABSENT
-    for mask in np.unique(asked, axis=0):
+    for mask in unique_rows(asked)[0]:
         if not mask.any():
             continue  # failed before its first structural choice: says nothing about any
         rows = codes[np.all(asked == mask, axis=1)][:, mask]

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoscout_optuna.samplers._mcts.tree import unique_rows
+
 
 @dataclass(frozen=True)
 class Dependencies:
@@ -226,8 +228,7 @@ def group_ids(codes: np.ndarray, columns: Sequence[int]) -> np.ndarray:
         return np.zeros(n, dtype=np.int64)
     base = int(codes[:, list(columns)].max()) + 3  # codes start at OTHER = -2
     if base ** len(columns) > 1_000_000:  # too many cells for a dense count: compress
-        _, inverse = np.unique(codes[:, list(columns)], axis=0, return_inverse=True)
-        return inverse.reshape(-1)
+        return unique_rows(codes[:, list(columns)])[1]
     key = np.zeros(n, dtype=np.int64)
     for column in columns:
         key = key * base + (codes[:, column] + 2)
