@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import multiprocessing
+import os
 import pickle
 import sys
 
@@ -210,6 +212,38 @@ def test_unpicklable_factories_run_in_forked_workers():
                       contenders=[Contender("lambda", lambda seed: make_random(seed))])
     frame = run_suite(suite, None, n_workers=2)
     assert len(frame) == 2 * 4 and set(frame["seed"]) == {0, 1}
+
+
+def _blas_threads(pools: list[dict]) -> list[int]:
+    return [pool["num_threads"] for pool in pools if pool["user_api"] == "blas"]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: nothing to limit")
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_blas_runs_on_its_share_of_the_cores(method, monkeypatch):
+    # numpy (and its BLAS) is loaded before the initializer runs: a forked worker inherits
+    # it, a spawned one imports it to unpickle the initializer, so the thread-count variables
+    # the initializer sets come too late for it on their own.
+    import importlib
+    from concurrent.futures import ProcessPoolExecutor
+
+    import threadpoolctl
+
+    from autoscout_optuna.benchmark import _harness
+
+    if method not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {method} start method")
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.delenv(variable, raising=False)
+    context = multiprocessing.get_context(method)
+    with ProcessPoolExecutor(1, mp_context=context, initializer=importlib.import_module,
+                             initargs=("numpy",)) as pool:
+        unlimited = _blas_threads(pool.submit(threadpoolctl.threadpool_info).result())
+    with ProcessPoolExecutor(1, mp_context=context, initializer=_harness._limit_threads,
+                             initargs=(1,)) as pool:
+        limited = _blas_threads(pool.submit(threadpoolctl.threadpool_info).result())
+    assert unlimited and max(unlimited) > 1  # else this test could not tell
+    assert limited == [1] * len(unlimited)
 
 
 def test_unpicklable_factories_are_refused_without_fork(monkeypatch):

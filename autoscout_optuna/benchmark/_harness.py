@@ -23,6 +23,7 @@ from typing import Any
 
 import optuna
 import pandas as pd
+import threadpoolctl
 from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
@@ -276,8 +277,14 @@ def _run_forked_job(index: int) -> list[dict[str, Any]]:
 
 
 def _limit_threads(threads: int) -> None:
+    # For libraries a worker loads from now on (torch reads OMP_NUM_THREADS when imported).
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[variable] = str(threads)
+    # numpy's BLAS is loaded already (inherited by fork; imported by spawn to unpickle this
+    # initializer) and read those variables when it was: set its pool directly. Without this
+    # each worker's BLAS started one thread per core, and on busy cores those threads spin,
+    # which a sampler's CPU time (``sampler_ms``) counted.
+    threadpoolctl.threadpool_limits(limits=threads)
     if "torch" in sys.modules:  # inherited by fork; otherwise torch reads OMP_NUM_THREADS
         sys.modules["torch"].set_num_threads(threads)
 
