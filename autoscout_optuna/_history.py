@@ -171,12 +171,21 @@ def simulator_trusted(study: optuna.Study) -> bool:
     was measured: what uses this treats an estimate as a measurement, which only a simulator
     checked against real runs, and found close to them, has earned.
     """
-    check = latest_rank_check(study)
-    if check is None or check["discordance"] > TRUSTED_DISCORDANCE:
+    return measurement_grade(latest_rank_check(study))
+
+
+def measurement_grade(detail: Any) -> bool:
+    """Whether one error check (an ``autoscout:sim_error_detail``) found the simulator as good
+    as a measurement: rank discordance at most ``TRUSTED_DISCORDANCE`` and calibrated relative
+    error at most ``MEASUREMENT_GRADE_ERROR``. False for anything else (None, no check)."""
+    if not isinstance(detail, Mapping):
         return False
-    error = check.get("relative_error")
-    return isinstance(error, (int, float)) and math.isfinite(error) and (
-        error <= MEASUREMENT_GRADE_ERROR
+    discordance, error = detail.get("discordance"), detail.get("relative_error")
+    return (
+        isinstance(discordance, (int, float)) and math.isfinite(discordance)
+        and discordance <= TRUSTED_DISCORDANCE
+        and isinstance(error, (int, float)) and math.isfinite(error)
+        and error <= MEASUREMENT_GRADE_ERROR
     )
 
 

@@ -102,3 +102,13 @@ def test_simulator_trusted_needs_a_close_newest_check(checks, trusted) -> None:
             trial.set_user_attr(SIM_ERROR_DETAIL, detail)
         study.tell(trial, 1.0)
     assert simulator_trusted(study) is trusted
+
+
+def test_measurement_grade_needs_both_a_good_ranking_and_a_small_error():
+    from autoscout_optuna._history import measurement_grade
+
+    assert measurement_grade({"discordance": 0.1, "relative_error": 0.02})
+    assert not measurement_grade({"discordance": 0.1, "relative_error": 0.12})
+    assert not measurement_grade({"discordance": 0.4, "relative_error": 0.02})
+    assert not measurement_grade({"discordance": None, "relative_error": 0.02})
+    assert not measurement_grade(None)

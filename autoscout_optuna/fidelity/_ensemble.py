@@ -101,16 +101,30 @@ class SimulatorEnsemble:
         configs: Sequence[Config],
         real: Sequence[float],
         simulated: Sequence[float] | None = None,
+        selected: Sequence[bool] | None = None,
     ) -> SimulatorEnsemble:
-        """Fit on real results, oldest first (non-finite pairs are skipped)."""
+        """Fit on real results, oldest first (non-finite pairs are skipped).
+
+        ``selected`` marks the results whose real run was chosen because the estimate looked
+        good. Their residuals are biased low (the winner's curse: they were picked for an
+        upward draw of the simulator's noise), so the level (offset) is the median over the
+        other results, and the selected ones enter the surrogates centred on their own median,
+        i.e. with a fixed effect for being selected that predictions leave out (with fewer
+        than ``min_real`` other results, the plain fit). None: no result is selected.
+        """
         configs = list(configs)
         base = self._baseline(configs, simulated)
         real_arr = np.asarray(real, dtype=float)
         if real_arr.shape != base.shape:
             raise ValueError("configs, real and simulated must have the same length")
+        chosen = (
+            np.zeros(base.shape, dtype=bool) if selected is None
+            else np.asarray(selected, dtype=bool).reshape(base.shape)
+        )
         keep = np.isfinite(real_arr) & np.isfinite(base)
         configs = [c for c, k in zip(configs, keep, strict=True) if k][-self.max_train :]
         base, real_arr = base[keep][-self.max_train :], real_arr[keep][-self.max_train :]
+        chosen = chosen[keep][-self.max_train :]
         self._fitted = True
         self._members = {}
         self.weights = {ANALYTIC: 1.0}
@@ -119,10 +133,17 @@ class SimulatorEnsemble:
             self._offset = 0.0
             return self
         target = self._to_space(real_arr) - self._to_space(base)
-        self._offset = float(np.median(target))
+        free = ~chosen
+        if np.count_nonzero(free) >= self.min_real:
+            self._offset = float(np.median(target[free]))
+            residual = target - self._offset
+            if np.any(chosen):
+                residual[chosen] = target[chosen] - float(np.median(target[chosen]))
+        else:
+            self._offset = float(np.median(target))
+            residual = target - self._offset
         if real_arr.size < self.min_real:
             return self
-        residual = target - self._offset
         # Corrections stay within the residuals actually seen: with few real results a
         # surrogate must not invent a bias larger than any it was shown.
         self._bounds = (float(residual.min()), float(residual.max()))

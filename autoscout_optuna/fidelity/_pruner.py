@@ -10,6 +10,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _keys, _validate
+from autoscout_optuna._space import is_structural
 from autoscout_optuna._storage import get_trials, set_user_attr
 from autoscout_optuna.fidelity._decision import (
     REAL,
@@ -40,7 +41,9 @@ class FidelityPruner(BasePruner):
       yet validates its first trial; every second slot only a trial whose estimate ranks in
       the best ``validation_top`` of the ``window`` most recent estimates,
     * the estimate, calibrated and given the benefit of the doubt (``optimism`` times the
-      recent relative error), could beat the best real value so far (``could_beat_best``),
+      recent relative error), could beat the best real value so far (``could_beat_best``; a
+      structure with no real run yet is held to the incumbent structure's first real value
+      with ``new_structure_control``),
     * optionally, the estimate ranks in the best ``top_fraction`` of all estimates so far,
 
     and prunes otherwise. A trial with no step-0 report always runs for real. The decision, the
@@ -105,6 +108,16 @@ class FidelityPruner(BasePruner):
             median of a noisy simulator's errors falls below the threshold by luck far more
             often than over 40. None: the median alone.
         min_pairs: Pairs needed before the error is trusted at all.
+        selection_aware: Calibrate estimates (the median ratio ``real / estimate`` that
+            ``could_beat_best`` scales them by) only on pairs whose real run the estimate did
+            not choose (warm-up, a distrusted simulator, blind validation; not
+            ``could_beat_best`` or ``top_fraction``). A real run chosen because its estimate
+            looked good is a lucky draw of the simulator's noise, so calibrating on such pairs
+            scales every later estimate down (llm_serving, 20 % noise: by a median 13 %).
+        new_structure_control: Judge a trial whose structure (its structural params) has no
+            real run yet against the incumbent structure's *first* real value instead of the
+            best real value: difference-in-differences, a structure at its stage 0 of dense
+            tuning against the incumbent at its stage 0, as ``AutoScoutSampler`` credits it.
     """
 
     def __init__(
@@ -122,7 +135,10 @@ class FidelityPruner(BasePruner):
         trust_window: int | None = 40,
         trust_confidence: float | None = 0.9,
         min_pairs: int = 5,
+        selection_aware: bool = False,
+        new_structure_control: bool = False,
     ) -> None:
+        self._new_structure_control = bool(new_structure_control)
         _validate.reals(error_threshold=error_threshold, rank_tolerance=rank_tolerance,
                         optimism=optimism)
         _validate.optional_reals(rank_error_threshold=rank_error_threshold,
@@ -176,6 +192,7 @@ class FidelityPruner(BasePruner):
             min_pairs=int(min_pairs),
             trust_window=None if trust_window is None else int(trust_window),
             trust_confidence=None if trust_confidence is None else float(trust_confidence),
+            selection_aware=bool(selection_aware),
         )
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
@@ -191,7 +208,7 @@ class FidelityPruner(BasePruner):
     def decide(self, study: optuna.Study, trial: FrozenTrial) -> FidelityDecision:
         """The decision ``prune`` would take for ``trial``, without recording it."""
         maximize = study.direction == StudyDirection.MAXIMIZE
-        pool, pair_estimates, pair_reals, reals = [], [], [], []
+        pool, pair_estimates, pair_reals, reals, pair_selected = [], [], [], [], []
         last_real_number = None
         for other in get_trials(study):
             if other.number == trial.number:
@@ -208,7 +225,10 @@ class FidelityPruner(BasePruner):
             if real is not None:
                 pair_estimates.append(other_estimate)
                 pair_reals.append(real)
+                pair_selected.append(selected_by_estimate(other))
         best_real = (max(reals) if maximize else min(reals)) if reals else None
+        if self._new_structure_control and best_real is not None:
+            best_real = _structure_control(study, trial, maximize, best_real)
         return decide(
             trial_number=trial.number,
             estimate=_estimate_of(trial),
@@ -219,6 +239,7 @@ class FidelityPruner(BasePruner):
             best_real=best_real,
             settings=self._settings,
             last_real_number=last_real_number,
+            pair_selected=pair_selected,
         )
 
     def _record(self, study: optuna.Study, trial: FrozenTrial, decision: FidelityDecision) -> None:
@@ -234,11 +255,54 @@ class FidelityPruner(BasePruner):
         set_user_attr(study, trial, _keys.SIM_ERROR_DETAIL, detail)
 
 
+def _structure_key(trial: FrozenTrial) -> tuple:
+    return tuple(sorted(
+        (name, repr(trial.params[name])) for name, dist in trial.distributions.items()
+        if is_structural(dist)
+    ))
+
+
+def _structure_control(
+    study: optuna.Study, trial: FrozenTrial, maximize: bool, best_real: float
+) -> float:
+    """The value a trial's estimate must beat: the best real value, or for a structure with no
+    real run yet, the incumbent structure's *first* real value (difference-in-differences:
+    a new structure at its stage 0 of dense tuning against the incumbent at its stage 0)."""
+    own = _structure_key(trial)
+    first: dict[tuple, float] = {}
+    best: dict[tuple, float] = {}
+    sign = 1.0 if maximize else -1.0
+    for other in get_trials(study, states=(TrialState.COMPLETE,)):
+        real = _real_of(other)
+        if real is None or other.number == trial.number:
+            continue
+        key = _structure_key(other)
+        if key == own:
+            return best_real
+        first.setdefault(key, real)
+        if key not in best or sign * real > sign * best[key]:
+            best[key] = real
+    if not best:
+        return best_real
+    incumbent = max(best, key=lambda k: sign * best[k])
+    return first[incumbent]
+
+
 def _estimate_of(trial: FrozenTrial) -> float | None:
     value = trial.intermediate_values.get(ESTIMATE_STEP)
     if value is None or not math.isfinite(value):
         return None
     return float(value)
+
+
+#: Reasons for a real run that the trial's own estimate decided: such pairs carry the winner's
+#: curse and are left out of calibration where it is selection-aware.
+SELECTED_REASONS = frozenset({"could_beat_best", "top_fraction"})
+
+
+def selected_by_estimate(trial: FrozenTrial) -> bool:
+    """Whether the trial ran for real because its estimate looked good."""
+    return trial.user_attrs.get(_keys.FIDELITY_REASON) in SELECTED_REASONS
 
 
 def _ran_for_real(trial: FrozenTrial) -> bool:

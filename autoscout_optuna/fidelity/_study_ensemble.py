@@ -12,6 +12,7 @@ import optuna
 from autoscout_optuna import _keys
 from autoscout_optuna._history import orient, read_history
 from autoscout_optuna.fidelity._ensemble import SimulatorEnsemble
+from autoscout_optuna.fidelity._pruner import SELECTED_REASONS
 
 
 class StudyEnsembleEstimator:
@@ -22,10 +23,15 @@ class StudyEnsembleEstimator:
     a resumed study fit the same ensemble.
 
     Args:
+        selection_aware: Tell the ensemble which real runs the pruner chose because of their
+            estimate (``autoscout:fidelity_reason`` ``could_beat_best`` or ``top_fraction``),
+            so their winner's curse does not pull every estimate down (see
+            :meth:`SimulatorEnsemble.fit`).
         ensemble_options: Keyword arguments of :class:`SimulatorEnsemble` (``simulate`` aside).
     """
 
-    def __init__(self, **ensemble_options: Any) -> None:
+    def __init__(self, *, selection_aware: bool = False, **ensemble_options: Any) -> None:
+        self._selection_aware = bool(selection_aware)
         if "simulate" in ensemble_options:
             raise ValueError("ensemble_options must not contain simulate: values are recorded")
         SimulatorEnsemble(**ensemble_options)  # validate now, not at the first trial
@@ -33,7 +39,7 @@ class StudyEnsembleEstimator:
 
     def fit(self, study: optuna.Study, exclude: int | None = None) -> SimulatorEnsemble:
         """The ensemble fitted on ``study``'s real runs (trial ``exclude`` left out)."""
-        configs, simulated, real = [], [], []
+        configs, simulated, real, selected = [], [], [], []
         for observation in read_history(study):
             if observation.kind != "real" or observation.number == exclude:
                 continue
@@ -44,8 +50,13 @@ class StudyEnsembleEstimator:
             simulated.append(float(raw))
             # Observation scores are oriented (larger is better); orient() is its own inverse.
             real.append(orient(observation.score, study.direction))
+            selected.append(
+                observation.user_attrs.get(_keys.FIDELITY_REASON) in SELECTED_REASONS
+            )
         ensemble = SimulatorEnsemble(simulate=_recorded_only, **self._options)
-        return ensemble.fit(configs, real, simulated)
+        return ensemble.fit(
+            configs, real, simulated, selected if self._selection_aware else None
+        )
 
     def estimate(self, trial: optuna.Trial, params: Mapping[str, Any], simulated: float) -> float:
         """The ensemble's estimate for a trial's params, given its raw simulator value.

@@ -154,3 +154,32 @@ def test_targeted_slots_validate_only_well_ranked_recent_estimates():
     old_and_recent = [9.0] * 30 + recent
     assert _decide(trial_number=31, estimate=good, pool_estimates=old_and_recent,
                    settings=targeted, last_real_number=29).reason == "periodic_validation"
+
+
+def test_selection_aware_calibration_ignores_pairs_the_estimate_chose():
+    # Blind pairs: estimates right. Pairs run because their estimate looked good: 25 % lucky.
+    pairs = dict(pair_estimates=[1.0, 2.0, 3.0, 5.0, 6.25, 7.5, 8.75],
+                 pair_reals=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], best_real=7.0)
+    selected = [False, False, False, True, True, True, True]
+    aware = FidelitySettings(**{**SETTINGS.__dict__, "selection_aware": True, "optimism": 0.0})
+    plain = FidelitySettings(**{**SETTINGS.__dict__, "optimism": 0.0})
+    # Calibrated on every pair, 7.2 becomes 7.2 * 0.8 = 5.76: pruned. On the blind ones: 7.2.
+    assert _decide(estimate=7.2, settings=plain, pair_selected=selected, **pairs).fidelity == (
+        "simulator")
+    assert _decide(estimate=7.2, settings=aware, pair_selected=selected, **pairs).reason == (
+        "could_beat_best")
+    # Too few blind pairs (min_pairs 3): the usual calibration.
+    few = [False, False, True, True, True, True, True]
+    assert _decide(estimate=7.2, settings=aware, pair_selected=few, **pairs).fidelity == (
+        "simulator")
+
+
+def test_selection_free_scale():
+    from autoscout_optuna.fidelity._decision import selection_free_scale
+
+    selected = [False, False, False, True, True]
+    scale = selection_free_scale([2.0, 2.0, 4.0, 1.0, 1.0], [1.0, 1.0, 2.0, 1.0, 1.0],
+                                 selected, window=10, min_pairs=3, fallback=0.9)
+    assert scale == pytest.approx(0.5)
+    assert selection_free_scale([2.0, 2.0], [1.0, 1.0], [False, True], window=10, min_pairs=3,
+                                fallback=0.9) == 0.9

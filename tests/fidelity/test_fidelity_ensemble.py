@@ -130,3 +130,19 @@ def test_a_bias_fixed_per_value_of_a_small_numeric_knob_is_learned():
     predicted = ensemble.predict(held_out)
     truth = np.array([true(c) for c in held_out])
     assert np.max(np.abs(predicted / truth - 1.0)) < 0.05
+
+
+def test_selected_results_do_not_pull_the_level_down():
+    # Unbiased simulator; the results run because their estimate looked good were lucky draws
+    # (simulated 30 % above real). Their bias is not the simulator's.
+    configs = [{"x": float(i)} for i in range(20)]
+    real = [10.0] * 20
+    selected = [i % 2 == 1 for i in range(20)]
+    simulated = [13.0 if s else 10.0 for s in selected]
+    plain = SimulatorEnsemble(simulate=lambda c: 10.0, min_real=5)
+    aware = SimulatorEnsemble(simulate=lambda c: 10.0, min_real=5).fit(
+        configs, real, simulated, selected)
+    fresh = [{"x": 3.5}]
+    assert aware.predict(fresh, [10.0])[0] == pytest.approx(10.0, rel=1e-6)
+    plain.fit(configs, real, simulated)
+    assert plain.predict(fresh, [10.0])[0] < 9.5

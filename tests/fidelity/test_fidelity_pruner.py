@@ -247,3 +247,37 @@ def test_constant_bias_is_calibrated_away(factor):
         scale_a = a.user_attrs["autoscout:sim_error_detail"]["scale"]
         scale_b = b.user_attrs["autoscout:sim_error_detail"]["scale"]
         assert scale_b == pytest.approx(scale_a / factor)
+
+
+def test_new_structure_is_judged_against_the_incumbent_structure_at_its_first_run():
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+    from optuna.trial import create_trial
+
+    layout = CategoricalDistribution(["a", "b", "c"])
+    knob = FloatDistribution(0.0, 1.0)
+    distributions = {"layout": layout, "x": knob}
+    study = optuna.create_study(direction="maximize")
+    # Structure "a" ran first at 0.5 and was tuned to 1.0; the simulator is exact (pairs at 1).
+    for value, x in [(0.5, 0.1), (0.7, 0.3), (0.8, 0.5), (0.9, 0.7), (1.0, 0.9), (0.95, 0.8)]:
+        study.add_trial(create_trial(
+            params={"layout": "a", "x": x}, distributions=distributions, value=value,
+            intermediate_values={0: value},
+            user_attrs={REASON: "warm_up", "autoscout:fidelity": "real"},
+        ))
+
+    def judged(structure, estimate, **options):
+        study.enqueue_trial({"layout": structure, "x": 0.5})
+        trial = study.ask(distributions)
+        trial.report(estimate, 0)
+        frozen = study._storage.get_trial(trial._trial_id)
+        decision = FidelityPruner(n_warmup_real=3, min_pairs=3, validation_period=None,
+                                  **options).decide(study, frozen)
+        study.tell(trial, state=TrialState.FAIL)
+        return decision.reason
+
+    # A new structure "b" estimated at 0.7, above "a"'s first 0.5 but below the best 1.0.
+    assert judged("b", 0.7) == "not_promising"
+    assert judged("b", 0.7, new_structure_control=True) == "could_beat_best"
+    assert judged("b", 0.4, new_structure_control=True) == "not_promising"
+    # A structure with a real run keeps the best real value as its bar.
+    assert judged("a", 0.7, new_structure_control=True) == "not_promising"

@@ -121,3 +121,22 @@ def test_unknown_estimator_is_rejected():
         arm_rewards([], estimator="magic")
     with pytest.raises(ValueError, match="estimator"):
         structure_potential([], estimator="magic")
+
+
+def test_real_values_take_precedence_over_estimates_of_a_structure():
+    from autoscout_optuna.samplers._autoscout.did import Ledger
+
+    ledger = Ledger()
+    ledger.add(ArmOutcome("startup", "A", 1.0))
+    ledger.add(ArmOutcome("explore", "B", 3.0, estimate=True))  # a lucky estimate
+    assert ledger.incumbent == "B" and ledger.best["B"] == 3.0
+    ledger.add(ArmOutcome("refine", "B", 1.2))  # its first real value replaces the estimate
+    assert (ledger.first["B"], ledger.best["B"]) == (1.2, 1.2)
+    assert ledger.incumbent == "B"
+    ledger.add(ArmOutcome("refine", "B", 5.0, estimate=True))  # measured: estimates ignored
+    assert ledger.best["B"] == 1.2
+    ledger.add(ArmOutcome("refine", "B", 1.5))
+    assert (ledger.first["B"], ledger.best["B"]) == (1.2, 1.5)
+    ledger.add(ArmOutcome("explore", "C", 0.5))
+    ledger.add(ArmOutcome("refine", "B", 0.1))
+    assert ledger.incumbent == "B"

@@ -20,7 +20,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial
 
 from autoscout_optuna import _keys
-from autoscout_optuna._history import Kind, Observation, observation_of
+from autoscout_optuna._history import Kind, Observation, measurement_grade, observation_of
 from autoscout_optuna._space import is_structural
 from autoscout_optuna._storage import get_trials
 from autoscout_optuna.samplers._autoscout.did import ArmOutcome, Ledger, pooled_noise
@@ -86,7 +86,13 @@ class StudyDigest:
 
     def add(self, seen: Seen) -> dict[str, float | None]:
         """Record a finished trial; returns its gains, computed before it joins the ledger."""
-        outcome = ArmOutcome(seen.arm, seen.structure, seen.score)
+        # An estimate the pruner judged measurement-grade when it was made counts as a real
+        # value (as coordinate descent takes it); any other stands in only for structures
+        # never run for real (see ``Ledger``).
+        estimate = seen.kind == "estimate" and not measurement_grade(
+            seen.user_attrs.get(_keys.SIM_ERROR_DETAIL)
+        )
+        outcome = ArmOutcome(seen.arm, seen.structure, seen.score, estimate)
         gains = {e: self.ledger.gain(outcome, e) for e in ("did", "naive")}
         self.ledger.add(outcome)
         if seen.score is not None:
