@@ -122,7 +122,8 @@ def from_definition(
             measures noiselessly. Ignored for real studies.
         simulate: Replaces the study's simulator, ``(trial, config) -> estimate`` (the trial is
             passed so a benchmark can seed simulator noise per trial).
-        ensemble_options: Keyword arguments of :class:`SimulatorEnsemble`.
+        ensemble_options: Keyword arguments of :class:`StudyEnsembleEstimator`:
+            ``selection_aware`` and those of :class:`SimulatorEnsemble`.
 
     Raises:
         ValueError: the study has no simulator and none is given.

@@ -184,3 +184,25 @@ def test_ensemble_calibrates_a_constant_bias_away():
     for a, b in zip(plain[first_real + 1 :], biased[first_real + 1 :], strict=True):
         if 0 in a.intermediate_values:
             assert b.intermediate_values[0] == pytest.approx(a.intermediate_values[0], rel=1e-9)
+
+
+def test_the_selection_aware_options_run_end_to_end():
+    from autoscout_optuna.fidelity import StudyEnsembleEstimator
+    from autoscout_optuna.fidelity._pruner import SELECTED_REASONS
+
+    definition = studies.load("llm_serving")
+    study = optuna.create_study(
+        direction=definition.direction,
+        sampler=optuna.samplers.RandomSampler(seed=3),
+        pruner=FidelityPruner(n_warmup_real=3, min_pairs=3, trust_window=None,
+                              selection_aware=True, new_structure_control=True),
+    )
+    objective = from_definition(definition, ensemble_options={"selection_aware": True})
+    study.optimize(objective, n_trials=40, catch=(Infeasible,))
+    reasons = {t.user_attrs.get(REASON) for t in study.trials}
+    assert reasons & SELECTED_REASONS and "warm_up" in reasons  # both kinds of real runs
+    assert TrialState.PRUNED in {t.state for t in study.trials}
+    # The ensemble's level comes from the real runs the estimate did not choose.
+    aware = StudyEnsembleEstimator(selection_aware=True).fit(study)
+    plain = StudyEnsembleEstimator().fit(study)
+    assert aware._offset != plain._offset
