@@ -138,9 +138,11 @@ class FidelityPruner(BasePruner):
         selection_aware: bool = False,
         new_structure_control: bool = False,
     ) -> None:
-        self._new_structure_control = bool(new_structure_control)
         _validate.reals(error_threshold=error_threshold, rank_tolerance=rank_tolerance,
                         optimism=optimism)
+        _validate.booleans(selection_aware=selection_aware,
+                           new_structure_control=new_structure_control)
+        self._new_structure_control = bool(new_structure_control)
         _validate.optional_reals(rank_error_threshold=rank_error_threshold,
                                  top_fraction=top_fraction, validation_top=validation_top,
                                  trust_confidence=trust_confidence)

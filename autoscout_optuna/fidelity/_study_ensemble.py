@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from autoscout_optuna import _keys
+from autoscout_optuna import _keys, _validate
 from autoscout_optuna._history import orient, read_history
 from autoscout_optuna.fidelity._ensemble import SimulatorEnsemble
 from autoscout_optuna.fidelity._pruner import SELECTED_REASONS
@@ -31,6 +31,7 @@ class StudyEnsembleEstimator:
     """
 
     def __init__(self, *, selection_aware: bool = False, **ensemble_options: Any) -> None:
+        _validate.booleans(selection_aware=selection_aware)
         self._selection_aware = bool(selection_aware)
         if "simulate" in ensemble_options:
             raise ValueError("ensemble_options must not contain simulate: values are recorded")

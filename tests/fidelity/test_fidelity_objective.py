@@ -206,3 +206,11 @@ def test_the_selection_aware_options_run_end_to_end():
     aware = StudyEnsembleEstimator(selection_aware=True).fit(study)
     plain = StudyEnsembleEstimator().fit(study)
     assert aware._offset != plain._offset
+
+
+@pytest.mark.parametrize("bad", ["no", None, 1])
+def test_study_ensemble_estimator_rejects_a_non_bool_selection_aware(bad):
+    from autoscout_optuna.fidelity import StudyEnsembleEstimator
+
+    with pytest.raises(TypeError, match="selection_aware"):
+        StudyEnsembleEstimator(selection_aware=bad)

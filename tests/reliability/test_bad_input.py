@@ -139,6 +139,8 @@ BAD_ARGUMENTS = {
         "min_pairs": [1, 100, None, "a"],
         "trust_window": [1, 2.5, "a"],
         "trust_confidence": [0, 1, NAN, "a"],
+        "selection_aware": ["no", None, 1],
+        "new_structure_control": ["yes", 1],
     },
     "SimulatorEnsemble": {
         "simulate": [5, "sim"],
