@@ -8,6 +8,7 @@ large integer ranges are dense (coordinates for descent).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,14 @@ def is_structural(dist: BaseDistribution, max_levels: int = MAX_STRUCTURAL_LEVEL
         return True
     levels = n_levels(dist)
     return levels is not None and levels <= max_levels
+
+
+def structure_key(
+    params: Mapping[str, Any], distributions: Mapping[str, BaseDistribution]
+) -> tuple[tuple[str, str], ...]:
+    """A hashable key of a trial's structural params: ``(name, repr(value))`` sorted by name,
+    the dense knobs left out (trials that differ only in dense values share it)."""
+    return tuple((n, repr(params[n])) for n in sorted(params) if is_structural(distributions[n]))
 
 
 def discrete_values(dist: BaseDistribution) -> list[Any]:

@@ -11,6 +11,7 @@ from autoscout_optuna._space import (
     from_unit,
     is_structural,
     n_levels,
+    structure_key,
     to_unit,
 )
 
@@ -68,3 +69,13 @@ def test_from_unit_always_lands_inside_the_domain(u, index):
 def test_categorical_has_no_unit_position():
     with pytest.raises(TypeError):
         to_unit(CategoricalDistribution(["a"]), "a")
+
+
+def test_structure_key_names_the_structural_params_only_sorted_by_name():
+    distributions = {"tp": CategoricalDistribution([1, 2]), "lr": FloatDistribution(0.0, 1.0),
+                     "backend": CategoricalDistribution(["a", "b"]),
+                     "sms": IntDistribution(1, 132)}
+    params = {"tp": 2, "lr": 0.5, "backend": "a", "sms": 16}
+    assert structure_key(params, distributions) == (("backend", "'a'"), ("tp", "2"))
+    assert structure_key({**params, "lr": 0.1, "sms": 8}, distributions) == (
+        structure_key(params, distributions))

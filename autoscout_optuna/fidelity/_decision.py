@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscout_optuna.fidelity._error import SimulatorError, measure_error
+from autoscout_optuna.fidelity._error import SimulatorError, _median_ratio, measure_error
 
 SIMULATOR = "simulator"
 REAL = "real"
@@ -195,11 +195,12 @@ def selection_free_scale(
     real = np.asarray(pair_reals, dtype=float)
     free = ~np.asarray(pair_selected, dtype=bool)
     est, real = est[free][-window:], real[free][-window:]
-    keep = (est != 0) & np.isfinite(est) & np.isfinite(real)
-    if np.count_nonzero(keep) < min_pairs:
+    finite = np.isfinite(est) & np.isfinite(real)
+    est, real = est[finite], real[finite]
+    if np.count_nonzero(est != 0) < min_pairs:
         return fallback
-    ratio = float(np.median(real[keep] / est[keep]))
-    return ratio if ratio > 0 else fallback
+    ratio = _median_ratio(est, real)  # the scale ``measure_error`` reports, on these pairs
+    return fallback if ratio is None else ratio
 
 
 def _could_beat(

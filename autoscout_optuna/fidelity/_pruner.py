@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import optuna
 from optuna.pruners import BasePruner
@@ -10,7 +12,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _keys, _validate
-from autoscout_optuna._space import is_structural
+from autoscout_optuna._space import structure_key
 from autoscout_optuna._storage import get_trials, set_user_attr
 from autoscout_optuna.fidelity._decision import (
     REAL,
@@ -211,6 +213,7 @@ class FidelityPruner(BasePruner):
         """The decision ``prune`` would take for ``trial``, without recording it."""
         maximize = study.direction == StudyDirection.MAXIMIZE
         pool, pair_estimates, pair_reals, reals, pair_selected = [], [], [], [], []
+        runs: list[tuple[tuple, float]] = []  # (structure, real value), for the DiD bar
         last_real_number = None
         for other in get_trials(study):
             if other.number == trial.number:
@@ -221,16 +224,19 @@ class FidelityPruner(BasePruner):
             real = _real_of(other)
             if real is not None:
                 reals.append(real)
+                if self._new_structure_control:
+                    runs.append((structure_key(other.params, other.distributions), real))
             if other_estimate is None:
                 continue
             pool.append(other_estimate)
             if real is not None:
                 pair_estimates.append(other_estimate)
                 pair_reals.append(real)
-                pair_selected.append(selected_by_estimate(other))
+                pair_selected.append(selected_by_estimate(other.user_attrs))
         best_real = (max(reals) if maximize else min(reals)) if reals else None
         if self._new_structure_control and best_real is not None:
-            best_real = _structure_control(study, trial, maximize, best_real)
+            own = structure_key(trial.params, trial.distributions)
+            best_real = _structure_control(own, runs, maximize, best_real)
         return decide(
             trial_number=trial.number,
             estimate=_estimate_of(trial),
@@ -257,28 +263,18 @@ class FidelityPruner(BasePruner):
         set_user_attr(study, trial, _keys.SIM_ERROR_DETAIL, detail)
 
 
-def _structure_key(trial: FrozenTrial) -> tuple:
-    return tuple(sorted(
-        (name, repr(trial.params[name])) for name, dist in trial.distributions.items()
-        if is_structural(dist)
-    ))
-
-
 def _structure_control(
-    study: optuna.Study, trial: FrozenTrial, maximize: bool, best_real: float
+    own: tuple, runs: list[tuple[tuple, float]], maximize: bool, best_real: float
 ) -> float:
-    """The value a trial's estimate must beat: the best real value, or for a structure with no
-    real run yet, the incumbent structure's *first* real value (difference-in-differences:
-    a new structure at its stage 0 of dense tuning against the incumbent at its stage 0)."""
-    own = _structure_key(trial)
+    """The value a trial's estimate must beat: the best real value, or for a structure
+    (``own``) with no real run yet, the incumbent structure's *first* real value
+    (difference-in-differences: a new structure at its stage 0 of dense tuning against the
+    incumbent at its stage 0). ``runs``: (structure, real value) of the other real runs, oldest
+    first."""
     first: dict[tuple, float] = {}
     best: dict[tuple, float] = {}
     sign = 1.0 if maximize else -1.0
-    for other in get_trials(study, states=(TrialState.COMPLETE,)):
-        real = _real_of(other)
-        if real is None or other.number == trial.number:
-            continue
-        key = _structure_key(other)
+    for key, real in runs:
         if key == own:
             return best_real
         first.setdefault(key, real)
@@ -302,9 +298,9 @@ def _estimate_of(trial: FrozenTrial) -> float | None:
 SELECTED_REASONS = frozenset({"could_beat_best", "top_fraction"})
 
 
-def selected_by_estimate(trial: FrozenTrial) -> bool:
-    """Whether the trial ran for real because its estimate looked good."""
-    return trial.user_attrs.get(_keys.FIDELITY_REASON) in SELECTED_REASONS
+def selected_by_estimate(user_attrs: Mapping[str, Any]) -> bool:
+    """Whether a trial (its user attrs) ran for real because its estimate looked good."""
+    return user_attrs.get(_keys.FIDELITY_REASON) in SELECTED_REASONS
 
 
 def _ran_for_real(trial: FrozenTrial) -> bool:

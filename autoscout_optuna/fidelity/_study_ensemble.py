@@ -12,7 +12,7 @@ import optuna
 from autoscout_optuna import _keys, _validate
 from autoscout_optuna._history import orient, read_history
 from autoscout_optuna.fidelity._ensemble import SimulatorEnsemble
-from autoscout_optuna.fidelity._pruner import SELECTED_REASONS
+from autoscout_optuna.fidelity._pruner import selected_by_estimate
 
 
 class StudyEnsembleEstimator:
@@ -51,9 +51,7 @@ class StudyEnsembleEstimator:
             simulated.append(float(raw))
             # Observation scores are oriented (larger is better); orient() is its own inverse.
             real.append(orient(observation.score, study.direction))
-            selected.append(
-                observation.user_attrs.get(_keys.FIDELITY_REASON) in SELECTED_REASONS
-            )
+            selected.append(selected_by_estimate(observation.user_attrs))
         ensemble = SimulatorEnsemble(simulate=_recorded_only, **self._options)
         return ensemble.fit(
             configs, real, simulated, selected if self._selection_aware else None

@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial
 
 from autoscout_optuna import _keys
 from autoscout_optuna._history import Kind, Observation, measurement_grade, observation_of
-from autoscout_optuna._space import is_structural
+from autoscout_optuna._space import structure_key
 from autoscout_optuna._storage import get_trials
 from autoscout_optuna.samplers._autoscout.did import ArmOutcome, Ledger, pooled_noise
 
@@ -48,12 +48,11 @@ class Seen:
 
 
 def seen_of(obs: Observation, gains: Mapping[str, float | None] | None = None) -> Seen:
-    structural = sorted(n for n in obs.params if is_structural(obs.distributions[n]))
     arm = obs.user_attrs.get(_keys.ARM)
     return Seen(
         number=obs.number, params=obs.params, distributions=obs.distributions, kind=obs.kind,
         score=obs.score, user_attrs=obs.user_attrs,
-        structure=tuple((n, repr(obs.params[n])) for n in structural),
+        structure=structure_key(obs.params, obs.distributions),
         config=tuple(sorted((n, repr(v)) for n, v in obs.params.items())),
         arm=arm if isinstance(arm, str) else "startup",
         gains=dict(gains or {}),
