@@ -91,3 +91,28 @@ def test_ties_in_potential_go_to_the_incumbent_structure_then_to_the_older_one()
     assert planning._top_structures(values, 3, 3) == [5, 3, 1]
     assert planning._top_structures(values, 0, 4) == [5, 1, 2, 3]
     assert planning._top_structures(np.array([1.0]), 0, 3) == [0]
+
+
+def test_stale_counts_of_the_ranked_structures_match_a_full_scan():
+    rng = np.random.default_rng(5)
+    rows = start() + [
+        (str(rng.choice(["refine", "explore"])), str(rng.choice(list("abcd"))),
+         float(rng.random()), float(rng.normal(8.0, 2.0)) if rng.random() > 0.1 else None)
+        for _ in range(120)
+    ]
+    history, digest, _ = history_of(rows)
+    noise = digest.noise()
+    full: dict = {}  # the scan without an early stop, over every structure
+    gained: set = set()
+    for obs in reversed(history):
+        if obs.arm != "refine" or obs.structure in gained:
+            continue
+        gain = obs.gains.get("did")
+        if gain is not None and gain > noise:
+            gained.add(obs.structure)
+        else:
+            full[obs.structure] = full.get(obs.structure, 0) + 1
+    keys = list(digest.ledger.best)
+    for wanted in (keys[:1], keys[1:3], keys):
+        counts = planning._stale_counts(history, "did", noise, wanted)
+        assert counts == {k: full[k] for k in wanted if k in full}

@@ -198,3 +198,36 @@ def test_unique_rows_of_no_rows():
 
     unique, inverse, counts = unique_rows(np.zeros((0, 3), dtype=np.int64))
     assert unique.shape == (0, 3) and len(inverse) == 0 and len(counts) == 0
+
+
+def test_revisions_do_not_descend_below_a_child_whose_completions_were_all_taken(monkeypatch):
+    import autoscout_optuna.samplers._mcts.descent as descent
+
+    # Every completion under column 0 = 0 was taken (and scored best, so the greedy path goes
+    # there first); under 0 = 1 one of four was.
+    paths = [[0, a, b] for a in (0, 1) for b in (0, 1)] + [[1, 0, 0]]
+    codes, rewards = _table(paths, [0.9, 0.8, 0.7, 0.6, 0.1])
+    heads = []
+    real_descend = descent._descend
+
+    def recording(*args):
+        heads.append([(s.column, s.code) for s in args[8]])
+        return real_descend(*args)
+
+    monkeypatch.setattr(descent, "_descend", recording)
+    steps = plan_path(
+        codes, [2, 2, 2], rewards, np.ones(5), [0, 1, 2], {}, np.random.default_rng(0), GREEDY
+    )
+    path = [s.code for s in steps]
+    assert path[0] == 1 and path not in paths
+    # the first descent starts at the root; no revision starts inside the taken subtree
+    assert heads[0] == []
+    assert all(head[0] == (0, 1) for head in heads[1:]), heads
+
+
+def test_bit_rows_are_the_bits_of_each_row():
+    from autoscout_optuna.samplers._mcts.descent import _bit_rows, _bits
+
+    masks = np.random.default_rng(3).random((5, 77)) < 0.5
+    assert _bit_rows(masks) == [_bits(row) for row in masks]
+    assert _bit_rows(np.zeros((2, 0), dtype=bool)) == [0, 0]

@@ -237,7 +237,7 @@ def refine_choice(
     ranked = [keys[i] for i in _top_structures(values, top, TOP_STRUCTURES)]
     # the potentials anyone reads: the ranked structures' and the incumbent structure's
     potential = {key: float(values[ledger.places[key]]) for key in [*ranked, top_key]}
-    stale_counts = _stale_counts(history, estimator, digest.noise())
+    stale_counts = _stale_counts(history, estimator, digest.noise(), ranked)
     # Only structures within a reward scale of the incumbent are worth its tuning budget.
     close = potential[top_key] - IMPROVEMENT_SCALE * score_scale(digest.scores)
     choices = []
@@ -263,17 +263,26 @@ def _top_structures(values: np.ndarray, top: int, count: int) -> list[int]:
     return np.lexsort((~is_top, -values))[:count].tolist()
 
 
-def _stale_counts(history: Sequence[Seen], estimator: str, noise: float) -> dict[Any, int]:
-    """Per structure: refinement trials (failed and running ones included) since the last one
-    that beat the structure's best by more than the measurement noise."""
+def _stale_counts(
+    history: Sequence[Seen], estimator: str, noise: float, keys: Sequence[Any]
+) -> dict[Any, int]:
+    """Per structure of ``keys``: refinement trials (failed and running ones included) since
+    the last one that beat the structure's best by more than the measurement noise.
+
+    The scan runs from the newest trial back and stops once every one of ``keys`` has met its
+    last gain: it is the only O(history) Python loop of an AutoScout decision, and the
+    structures being refined usually gained recently.
+    """
+    wanted = set(keys)
     stale: dict[Any, int] = {}
-    gained: set[Any] = set()
     for obs in reversed(history):
-        if obs.arm != "refine" or obs.structure in gained:
+        if not wanted:
+            break
+        if obs.arm != "refine" or obs.structure not in wanted:
             continue
         gain = obs.gains.get(estimator)
         if obs.kind != "pending" and gain is not None and gain > noise:
-            gained.add(obs.structure)
+            wanted.discard(obs.structure)
             continue
         stale[obs.structure] = stale.get(obs.structure, 0) + 1
     return stale

@@ -90,7 +90,7 @@ def plan_path(
     if repeatable is not None:
         known = codes[repeatable]
         known_partial = None if partial is None else partial[repeatable]
-    stats: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # per-column global statistics
+    stats = _ScoreMemo()
     steps = _descend(
         codes, n_values, rewards, weights, order, inactive_under, rng, policy, [], stats, failed
     )
@@ -100,6 +100,9 @@ def plan_path(
     # walks the same rows: both use the bit masks of one _UnseenPaths.
     unseen = _UnseenPaths(known, known_partial, n_values, order, inactive_under)
     budget = policy.max_backtracks
+    # The revisions' descents draw from a stream of their own, so skipping a revision that can
+    # only repeat (below) changes neither the choices of the others nor what comes after.
+    revision_rng = np.random.default_rng(int(rng.integers(2**63)))
     for level in range(len(steps) - 1, -1, -1):
         head = steps[:level]
         scores = _scores_at(
@@ -116,8 +119,10 @@ def plan_path(
                 float(scores.visits[alt]),
             )
             candidate = head + [first]
+            if not unseen.below(*unseen.node_of(candidate)):
+                continue  # every completion of this child was taken: it can only repeat
             candidate += _descend(
-                codes, n_values, rewards, weights, order, inactive_under, rng, policy,
+                codes, n_values, rewards, weights, order, inactive_under, revision_rng, policy,
                 candidate, stats, failed,
             )
             if not unseen.repeats(candidate):
@@ -158,10 +163,11 @@ class _UnseenPaths:
         self._position = {column: i for i, column in enumerate(order)}
         self.every_row = (1 << len(known)) - 1
         absent = known == ABSENT
-        self._absent = [_bits(absent[:, column]) for column in range(known.shape[1])]
-        # rows that took ``code`` or lack the column: those that reach that child
+        self._absent = _bit_rows(absent.T)
+        # rows that took ``code`` or lack the column: those that reach that child (one
+        # packbits per column: a plan builds these for every value of every column)
         self._open = [
-            [_bits(known[:, column] == code) | self._absent[column] for code in range(n)]
+            _bit_rows((known[:, column] == np.arange(n)[:, None]) | absent[:, column])
             for column, n in enumerate(n_values)
         ]
         # Leaves are most of the walk: their duplicate test (:func:`_is_duplicate` on the rows
@@ -181,6 +187,14 @@ class _UnseenPaths:
     def child(self, reached: int, column: int, code: int) -> int:
         """The rows of ``reached`` that reach the child ``code`` of a node at ``column``."""
         return reached & self._open[column][code]
+
+    def node_of(self, steps: Sequence[Step]) -> tuple[dict[int, int], int]:
+        """The decisions of the path ``steps`` and the rows that reach its end: the arguments
+        :meth:`below` takes for that node."""
+        rows = self.every_row
+        for step in steps:
+            rows &= self._open[step.column][step.code]
+        return {step.column: step.code for step in steps}, rows
 
     def repeats(self, steps: Sequence[Step]) -> bool:
         """:func:`_is_duplicate` of the path ``steps`` on ``known``."""
@@ -253,6 +267,12 @@ def _bits(mask: np.ndarray) -> int:
     return int.from_bytes(np.packbits(mask, bitorder="little").tobytes(), "little")
 
 
+def _bit_rows(masks: np.ndarray) -> list[int]:
+    """:func:`_bits` of each row of a 2-D boolean array."""
+    packed = np.packbits(masks, axis=1, bitorder="little")
+    return [int.from_bytes(row.tobytes(), "little") for row in packed]
+
+
 def _first_unseen_path(
     codes, n_values, rewards, weights, order, inactive_under, rng, policy, stats, failed,
     known, known_partial, unseen: _UnseenPaths, max_nodes: int = 512,
@@ -286,7 +306,9 @@ def _first_unseen_path(
         visited[0] += 1
         if visited[0] > max_nodes:
             return None
-        scores = _child_scores(codes, n_values, rewards, weights, node, column, policy, stats)
+        scores = _child_scores(
+            codes, n_values, rewards, weights, node, column, policy, stats, decided
+        )
         allowed = _DeadEnds(failed_codes, decided).allowed(column, n_values[column])
         ranking = sorted(
             range(n_values[column]),
@@ -306,22 +328,40 @@ def _first_unseen_path(
     return search([], np.arange(len(codes)), unseen.every_row)
 
 
+class _ScoreMemo:
+    """What one :func:`plan_path` call scores more than once: each column's statistics over
+    all rows, and each node's child scores (the revisions and the search after them go back
+    through nodes the first descent scored). Valid for one table of rows only."""
+
+    def __init__(self) -> None:
+        self.columns: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.nodes: dict[tuple[frozenset, int], ChildScores] = {}
+
+
 def _scores_at(codes, n_values, rewards, weights, head, column, policy, stats) -> ChildScores:
-    rows = node_rows(codes, {s.column: s.code for s in head})
-    return _child_scores(codes, n_values, rewards, weights, rows, column, policy, stats)
+    decided = {s.column: s.code for s in head}
+    return _child_scores(codes, n_values, rewards, weights, None, column, policy, stats, decided)
 
 
-def _child_scores(codes, n_values, rewards, weights, rows, column, policy, stats):
-    if column not in stats:
-        stats[column] = value_statistics(
+def _child_scores(codes, n_values, rewards, weights, rows, column, policy, stats, decided):
+    """The child scores of the node ``decided`` at ``column``; ``rows``: the node's rows, if
+    the caller has them (None: found from ``decided`` unless the memo answers)."""
+    key = (frozenset(decided.items()), column)
+    if key in stats.nodes:
+        return stats.nodes[key]
+    if rows is None:
+        rows = node_rows(codes, decided)
+    if column not in stats.columns:
+        stats.columns[column] = value_statistics(
             codes, column, n_values[column], rewards, weights, with_best=policy.max_backup > 0
         )
-    return child_scores(
+    scores = stats.nodes[key] = child_scores(
         codes, column, n_values[column], rewards, weights, rows,
         exploration=policy.exploration, rave_equivalence=policy.rave_equivalence,
-        rave_visit_share=policy.rave_visit_share, global_stats=stats[column],
+        rave_visit_share=policy.rave_visit_share, global_stats=stats.columns[column],
         max_backup=policy.max_backup,
     )
+    return scores
 
 
 def _descend(
@@ -334,7 +374,9 @@ def _descend(
     for column in order:
         if column in decided or _inactive(column, decided, inactive_under):
             continue
-        scores = _child_scores(codes, n_values, rewards, weights, rows, column, policy, stats)
+        scores = _child_scores(
+            codes, n_values, rewards, weights, rows, column, policy, stats, decided
+        )
         code = pick(scores.score, rng, dead_ends.allowed(column, n_values[column]))
         dead_ends.decide(column, code)
         steps.append(
