@@ -347,3 +347,30 @@ def test_a_suites_extra_report_runs_after_its_summary_except_in_quick_runs(
     argv = ["--suite", "toy_suite", "--workers", "1", "--out", str(tmp_path)]
     assert main(argv + (["--quick"] if quick else [])) == 0
     assert seen == ([] if quick else [(tmp_path / "toy_suite", True)])
+
+
+def test_plot_tells_every_contender_apart_and_keeps_the_legend_inside(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    rows = []
+    for k in range(12):  # more contenders than the ten colours
+        for row in _hand_built("maximize", [1.0 + k, 2.0 + k], ["COMPLETE"] * 2, seed=0):
+            rows.append({**row, "contender": f"contender number {k} with a long name"})
+    saved = []
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def capture(fig, *args, **kwargs):
+        fig.canvas.draw()
+        saved.append(fig)
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", capture)
+    _report.plot_best_so_far(pd.DataFrame(rows), 2, tmp_path / "p.png", title="t")
+    (fig,) = saved
+    lines = fig.axes[0].get_lines()
+    looks = {(line.get_color(), line.get_linestyle()) for line in lines
+             if not line.get_label().startswith("_")}
+    assert len(looks) == 12
+    legend = fig.legends[0].get_window_extent()
+    width = fig.get_window_extent().width
+    assert legend.x0 >= 0 and legend.x1 <= width

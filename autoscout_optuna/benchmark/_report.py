@@ -183,11 +183,19 @@ def plot_best_so_far(trials: pd.DataFrame, n_trials: int, path: Path, title: str
     contenders = list(trials["contender"].unique())
     n_cols = min(len(studies), 3)
     n_rows = math.ceil(len(studies) / n_cols)
+    # The legend goes below the panels with as many columns as fit the figure's width (about
+    # 4 inches per label: a legend wider than the figure is cut off), the figure taller by its
+    # rows.
+    n_legend_cols = max(1, min(len(contenders), int(5.2 * n_cols // 4)))
+    legend_inches = 0.3 * math.ceil(len(contenders) / n_legend_cols) + 0.2
+    height = 4.4 * n_rows + legend_inches
     fig, axes = plt.subplots(
-        n_rows, n_cols, figsize=(5.2 * n_cols, 4.4 * n_rows), squeeze=False, sharey=False
+        n_rows, n_cols, figsize=(5.2 * n_cols, height), squeeze=False, sharey=False
     )
     x = np.arange(1, n_trials + 1)
     colors = plt.get_cmap("tab10")
+    # Ten colours, then the same ones dashed: an eleventh contender must not look like the first.
+    styles = ("-", "--", ":")
     for ax, study in zip(axes.flat, studies, strict=False):
         lows = []
         for i, contender in enumerate(contenders):
@@ -196,7 +204,8 @@ def plot_best_so_far(trials: pd.DataFrame, n_trials: int, path: Path, title: str
             runs = curves.loc[(study, contender)].to_numpy()
             q25, median, q75 = np.quantile(runs, [0.25, 0.5, 0.75], axis=0)
             label = f"{contender} ({len(runs)} seeds)"
-            ax.plot(x, median, color=colors(i % 10), label=label, linewidth=1.8)
+            ax.plot(x, median, color=colors(i % 10), label=label, linewidth=1.8,
+                    linestyle=styles[(i // 10) % len(styles)])
             ax.fill_between(x, q25, q75, color=colors(i % 10), alpha=0.18, linewidth=0)
             lows.append(median[min(len(x) - 1, max(n_trials // 5, 1))])
         for level in (0.95, 0.99):
@@ -220,10 +229,10 @@ def plot_best_so_far(trials: pd.DataFrame, n_trials: int, path: Path, title: str
             handles.setdefault(label, handle)
             labels.setdefault(label, label)
     fig.legend(list(handles.values()), list(labels.values()), loc="lower center",
-               ncol=min(len(handles), 6), frameon=False)
+               ncol=n_legend_cols, frameon=False)
     if title:
         fig.suptitle(f"{title}: best true value so far / optimum (dotted: 95%, 99%)")
-    fig.tight_layout(rect=(0, 0.07 if n_rows == 1 else 0.04, 1, 1))
+    fig.tight_layout(rect=(0, legend_inches / height, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

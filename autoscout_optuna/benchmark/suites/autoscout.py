@@ -128,7 +128,7 @@ def suites(quick: bool = False) -> list[Suite]:
             labels=labels,
             contenders=contenders,
             n_trials=100,
-            n_seeds=10,
+            n_seeds=40,
             budgets=(10, 20, 50, 100),
             description=(
                 "AutoScoutSampler (defaults) against Optuna's samplers with their defaults, and "
