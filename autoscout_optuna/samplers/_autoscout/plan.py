@@ -270,8 +270,7 @@ def _stale_counts(
     the last one that beat the structure's best by more than the measurement noise.
 
     The scan runs from the newest trial back and stops once every one of ``keys`` has met its
-    last gain: it is the only O(history) Python loop of an AutoScout decision, and the
-    structures being refined usually gained recently.
+    last gain (it runs every trial, and the structures being refined usually gained recently).
     """
     wanted = set(keys)
     stale: dict[Any, int] = {}

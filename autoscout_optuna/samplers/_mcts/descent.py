@@ -198,11 +198,8 @@ class _UnseenPaths:
 
     def repeats(self, steps: Sequence[Step]) -> bool:
         """:func:`_is_duplicate` of the path ``steps`` on ``known``."""
-        rows, mask = self.every_row, 0
-        for step in steps:
-            rows &= self._open[step.column][step.code]
-            mask |= 1 << step.column
-        return bool(rows & self._repeaters(mask))
+        decided, rows = self.node_of(steps)
+        return bool(rows & self._repeaters(sum(1 << column for column in decided)))
 
     def below(self, decided: dict[int, int], reached: int) -> bool:
         start = max((self._position[c] + 1 for c in decided), default=0)
