@@ -49,7 +49,8 @@ NOISE_LEVELS = (0.0, 0.2, 0.5, 0.8)
 # real runs measured), so more real runs would only lengthen the suite.
 REAL_RUN_BUDGET = 200
 MAX_TRIALS = 400  # simulated trials are cheap, not free: 30-160 ms each (sampler + ensemble)
-N_SEEDS = 16  # 8 seeds: one seed moves a share by 12 points, and a re-seeding moved 99 % counts by 2
+# 8 seeds could not tell: one seed moves a share by 12 points, a re-seeding moved counts by 2
+N_SEEDS = 16
 BIAS_PER_VALUE = 0.25  # largest log-factor one structural knob value adds to the biased simulator
 SAMPLER = "autoscout"
 LABELS = ["llm_training", "llm_serving"]
