@@ -16,6 +16,11 @@ from autoscout_optuna.fidelity._error import SimulatorError, _median_ratio, meas
 
 SIMULATOR = "simulator"
 REAL = "real"
+# Reasons for a real run that the trial's own estimate decided: such pairs carry the winner's
+# curse and are left out of calibration where it is selection-aware.
+COULD_BEAT_BEST = "could_beat_best"
+TOP_FRACTION = "top_fraction"
+SELECTED_REASONS = frozenset({COULD_BEAT_BEST, TOP_FRACTION})
 
 
 @dataclass(frozen=True)
@@ -135,9 +140,9 @@ def decide(
     if best_real is None or _could_beat(
         estimate, best_real, sign, error, settings.optimism, scale
     ):
-        return FidelityDecision(REAL, "could_beat_best", error, rank, trust_error)
+        return FidelityDecision(REAL, COULD_BEAT_BEST, error, rank, trust_error)
     if settings.top_fraction is not None and rank < settings.top_fraction:
-        return FidelityDecision(REAL, "top_fraction", error, rank, trust_error)
+        return FidelityDecision(REAL, TOP_FRACTION, error, rank, trust_error)
     return FidelityDecision(SIMULATOR, "not_promising", error, rank, trust_error)
 
 

@@ -16,6 +16,7 @@ from autoscout_optuna._space import structure_key
 from autoscout_optuna._storage import get_trials, set_user_attr
 from autoscout_optuna.fidelity._decision import (
     REAL,
+    SELECTED_REASONS,
     SIMULATOR,
     FidelityDecision,
     FidelitySettings,
@@ -291,11 +292,6 @@ def _estimate_of(trial: FrozenTrial) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return float(value)
-
-
-#: Reasons for a real run that the trial's own estimate decided: such pairs carry the winner's
-#: curse and are left out of calibration where it is selection-aware.
-SELECTED_REASONS = frozenset({"could_beat_best", "top_fraction"})
 
 
 def selected_by_estimate(user_attrs: Mapping[str, Any]) -> bool:
