@@ -8,6 +8,7 @@ indexes ``t.params[name]`` or ``t.value`` on its own (a known crash class in com
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,7 +19,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna._keys import ORPHANED, SIM_ERROR_DETAIL
-from autoscout_optuna._storage import get_trials
+from autoscout_optuna._storage import get_trials, storage_key
 
 Kind = Literal["real", "estimate", "failed", "pending"]
 
@@ -123,12 +124,62 @@ def decision_number(study: optuna.Study, trial: FrozenTrial) -> int:
     would shift every later decision; skipping it makes the resumed study propose exactly what
     the uninterrupted one would have.
     """
+    return trial.number - _ORPHANS.before(study, trial.number)
+
+
+def _is_orphan(trial: FrozenTrial) -> bool:
     # an orphan is marked while RUNNING and failed next: no other state can hold one
-    candidates = get_trials(study, states=(TrialState.FAIL, TrialState.RUNNING))
-    orphans = sum(
-        1 for t in candidates if t.number < trial.number and t.system_attrs.get(ORPHANED)
+    return trial.state in (TrialState.FAIL, TrialState.RUNNING) and bool(
+        trial.system_attrs.get(ORPHANED)
     )
-    return trial.number - orphans
+
+
+class _OrphanCount:
+    """Orphans among a study's trials numbered below some trial, counted once per trial.
+
+    Samplers ask this several times per trial, and a scan of every trial costs ~0.6 ms per call
+    at 1,000 trials. Trials ``0 .. k - 1``, once all finished, are a settled prefix whose orphan
+    count never changes (a finished trial is never marked an orphan), so a call scans only the
+    trials after it. A cache, not state: checked against the start time of trial ``k - 1`` (a
+    study recreated under the same storage and id starts over) and rebuilt from storage.
+    """
+
+    def __init__(self) -> None:
+        # (storage, study id) -> (k, start time of trial k - 1, orphans among trials 0 .. k - 1)
+        self._prefixes: dict[tuple[int, int], tuple[int, Any, int]] = {}
+        self._lock = threading.Lock()
+
+    def before(self, study: optuna.Study, number: int) -> int:
+        trials = get_trials(study)
+        key = storage_key(study)
+        with self._lock:
+            known = self._prefixes.get(key, (0, None, 0))
+        valid = known[0] == 0 or _same_trial(trials, known[0] - 1, known[1])
+        # a prefix past ``number`` counts too much: scan from the start (and keep that prefix)
+        k, _, orphans = known if valid and known[0] <= number else (0, None, 0)
+        if any(t.number != i for i, t in enumerate(trials[k: number], start=k)):
+            # trials not listed in number order: count them all, the plain way
+            return sum(1 for t in trials if t.number < number and _is_orphan(t))
+        settled, settled_orphans = k, orphans
+        for trial in trials[k: number]:
+            orphans += _is_orphan(trial)
+            if trial.number == settled and trial.state.is_finished():
+                settled, settled_orphans = settled + 1, orphans
+        if settled > k and (settled > known[0] or not valid):
+            with self._lock:
+                self._prefixes[key] = (
+                    settled, trials[settled - 1].datetime_start, settled_orphans
+                )
+        return orphans
+
+
+def _same_trial(trials: list[FrozenTrial], index: int, start: Any) -> bool:
+    return index < len(trials) and trials[index].number == index and (
+        trials[index].datetime_start == start
+    )
+
+
+_ORPHANS = _OrphanCount()
 
 
 def _last_intermediate(trial: FrozenTrial) -> float | None:

@@ -42,6 +42,12 @@ def study_id(study: optuna.Study) -> int:
     return study._study_id
 
 
+def storage_key(study: optuna.Study) -> tuple[int, int]:
+    """``(id of the storage object, study id)``: names a study within this process (a cache
+    key; check it against the trials before trusting what it names)."""
+    return id(study._storage), study._study_id
+
+
 def fail_trial(study: optuna.Study, trial: FrozenTrial) -> None:
     """Move a RUNNING trial to FAIL (a trial whose worker died cannot finish it itself)."""
     study._storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL)

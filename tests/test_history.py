@@ -6,11 +6,12 @@ from optuna.trial import TrialState
 
 from autoscout_optuna._history import (
     MIN_RELIABILITY,
+    decision_number,
     estimate_reliability,
     read_history,
     simulator_trusted,
 )
-from autoscout_optuna._keys import SIM_ERROR_DETAIL
+from autoscout_optuna._keys import ORPHANED, SIM_ERROR_DETAIL
 
 
 def _study(direction):
@@ -112,3 +113,63 @@ def test_measurement_grade_needs_both_a_good_ranking_and_a_small_error():
     assert not measurement_grade({"discordance": 0.4, "relative_error": 0.02})
     assert not measurement_grade({"discordance": None, "relative_error": 0.02})
     assert not measurement_grade(None)
+
+
+def _plain_decision_number(study, number):
+    orphans = sum(
+        1 for t in study.get_trials(deepcopy=False)
+        if t.number < number and t.state in (TrialState.FAIL, TrialState.RUNNING)
+        and t.system_attrs.get(ORPHANED)
+    )
+    return number - orphans
+
+
+def _check_decision_numbers(study):
+    for trial in reversed(study.get_trials(deepcopy=False)):  # an older trial's call comes last
+        assert decision_number(study, trial) == _plain_decision_number(study, trial.number)
+
+
+def test_decision_number_matches_a_full_count_as_orphans_come_and_go():
+    """The settled-prefix count gives what a scan of every trial gives: trials finishing out
+    of order, orphans marked while running (before and after the prefix), calls for older
+    trials after newer ones."""
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage)
+    running = [study.ask() for _ in range(6)]
+    frozen = study.get_trials(deepcopy=False)
+    storage.set_trial_system_attr(running[2]._trial_id, ORPHANED, True)
+    _check_decision_numbers(study)
+    study.tell(running[0], 1.0)
+    study.tell(running[1], 2.0)
+    _check_decision_numbers(study)  # prefix 0..1 settled
+    study.tell(running[2], state=TrialState.FAIL)  # the orphan joins the prefix
+    study.tell(running[3], 3.0)
+    _check_decision_numbers(study)
+    storage.set_trial_system_attr(running[5]._trial_id, ORPHANED, True)  # past the prefix
+    study.tell(running[4], 4.0)
+    _check_decision_numbers(study)
+    later = [study.ask() for _ in range(3)]
+    storage.set_trial_system_attr(later[0]._trial_id, ORPHANED, True)
+    study.tell(running[5], state=TrialState.FAIL)
+    _check_decision_numbers(study)
+    assert decision_number(study, frozen[5]) == 4
+    assert decision_number(study, study.get_trials(deepcopy=False)[-1]) == 5  # 2, 5, 6
+
+
+def test_decision_number_forgets_a_deleted_study_whose_id_is_reused(tmp_path):
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'reuse.db'}")
+    study = optuna.create_study(storage=storage, study_name="a")
+    orphan, finished, last = study.ask(), study.ask(), study.ask()
+    storage.set_trial_system_attr(orphan._trial_id, ORPHANED, True)
+    study.tell(orphan, state=TrialState.FAIL)
+    study.tell(finished, 1.0)
+    assert decision_number(study, study.get_trials(deepcopy=False)[last.number]) == 1
+    first = study._storage, study._study_id
+    optuna.delete_study(study_name="a", storage=storage)
+    # the same storage object (as after a garbage-collected one's id is reused) and study id
+    study = optuna.create_study(storage=first[0], study_name="a")
+    assert (study._storage, study._study_id) == first  # SQLite hands the freed id out again
+    for _ in range(4):
+        study.tell(study.ask(), 0.0)
+    _check_decision_numbers(study)
+    assert decision_number(study, study.get_trials(deepcopy=False)[-1]) == 3
