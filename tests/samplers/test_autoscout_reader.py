@@ -37,7 +37,10 @@ def test_the_settled_prefix_reads_like_a_walk_over_every_trial():
         current = study.trials[-1] if i % 2 else None
         walked._prefixes.clear()
         expected = _summary(walked.read(study, exclude=current)[0])
-        assert _summary(kept.read(study, exclude=current)[0]) == expected
+        history, _, pending = kept.read_with_pending(study, exclude=current)
+        assert _summary(history) == expected
+        # the running trials, found past the settled prefix, are every pending record
+        assert pending == [s for s in history if s.kind == "pending"]
         assert [n for n, *_ in expected] == [
             t.number for t in study.trials if current is None or t.number != current.number
         ]

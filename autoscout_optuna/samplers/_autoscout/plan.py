@@ -49,6 +49,8 @@ class ObservedSpace:
 
 
 def observed_space(history: Sequence[Seen], digest: StudyDigest) -> ObservedSpace:
+    """The finished trials' space (``digest``) with the running trials' of ``history`` (the
+    running trials alone are enough)."""
     distributions = dict(digest.distributions)
     for obs in history:
         if obs.kind == "pending":

@@ -155,12 +155,19 @@ class HistoryReader:
     def read(
         self, study: optuna.Study, exclude: FrozenTrial | None = None
     ) -> tuple[list[Seen], StudyDigest]:
+        return self.read_with_pending(study, exclude)[:2]
+
+    def read_with_pending(
+        self, study: optuna.Study, exclude: FrozenTrial | None = None
+    ) -> tuple[list[Seen], StudyDigest, list[Seen]]:
+        """:meth:`read`, plus the running trials' records (found without a scan of the
+        settled prefix, which holds none)."""
         with self._lock:
             return self._read(study, exclude)
 
     def _read(
         self, study: optuna.Study, exclude: FrozenTrial | None
-    ) -> tuple[list[Seen], StudyDigest]:
+    ) -> tuple[list[Seen], StudyDigest, list[Seen]]:
         direction = study.direction
         skip = None if exclude is None else exclude.number
         name = study.study_name
@@ -168,6 +175,7 @@ class HistoryReader:
         trials = get_trials(study)
         known, history = self._prefix(name, trials, skip)
         settled, start, n_records = known, None, len(history)
+        pending = []
         for trial in trials[settled:]:
             if trial.number == skip:
                 continue
@@ -189,11 +197,13 @@ class HistoryReader:
                         seen = seen_of(observation_of(trial, direction), digest.add(seen))
                         self._memo[key] = (trial.datetime_start, seen)
                 history.append(seen)
+                if seen.kind == "pending":
+                    pending.append(seen)
             if trial.number == settled and trial.state.is_finished():
                 settled, start, n_records = settled + 1, trial.datetime_start, len(history)
         if settled > known:
             self._prefixes[name] = (settled, start, history[:n_records])
-        return history, digest
+        return history, digest, pending
 
     def _prefix(
         self, name: str, trials: list[FrozenTrial], skip: int | None

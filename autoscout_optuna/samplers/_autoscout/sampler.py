@@ -210,8 +210,8 @@ class AutoScoutSampler(BaseSampler):
         # Who runs this trial: if that process dies, a resume fails and re-queues the trial.
         tag_worker(study, trial)
         number = decision_number(study, trial)
-        history, digest = self._reader.read(study, exclude=trial)
-        space = planning.observed_space(history, digest)
+        history, digest, pending = self._reader.read_with_pending(study, exclude=trial)
+        space = planning.observed_space(pending, digest)
         incumbent = digest.incumbent()
         moves: list[tuple[str, Any]] = []
         if self._neighbour_arm and incumbent is not None and len(history) >= self._n_startup:
