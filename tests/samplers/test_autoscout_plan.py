@@ -16,17 +16,21 @@ PATIENCE = planning.PATIENCE_PER_KNOB  # one dense knob
 
 
 def history_of(rows):
-    """``rows``: (arm, layout, x, score) oldest first; returns (history, digest, space)."""
+    """``rows``: (arm, layout, x, score) oldest first, score None: failed, "running": still
+    running; returns (history, digest, space)."""
     digest, history = StudyDigest(), []
     for number, (arm, layout, x, score) in enumerate(rows):
         params = {"layout": layout, "x": x}
+        kind = {None: "failed", "running": "pending"}.get(score, "real")
         seen = Seen(
-            number=number, params=params, distributions=DISTRIBUTIONS,
-            kind="real" if score is not None else "failed", score=score, user_attrs={},
+            number=number, params=params, distributions=DISTRIBUTIONS, kind=kind,
+            score=score if kind == "real" else None, user_attrs={},
             structure=(("layout", repr(layout)),),
             config=tuple(sorted((n, repr(v)) for n, v in params.items())), arm=arm,
         )
-        history.append(dataclasses.replace(seen, gains=digest.add(seen)))
+        if kind != "pending":  # the digest adds up finished trials only
+            seen = dataclasses.replace(seen, gains=digest.add(seen))
+        history.append(seen)
     return history, digest, planning.observed_space(history, digest)
 
 
@@ -95,9 +99,13 @@ def test_ties_in_potential_go_to_the_incumbent_structure_then_to_the_older_one()
 
 def test_stale_counts_of_the_ranked_structures_match_a_full_scan():
     rng = np.random.default_rng(5)
+    def score():
+        u = rng.random()
+        return None if u < 0.1 else "running" if u < 0.2 else float(rng.normal(8.0, 2.0))
+
     rows = start() + [
         (str(rng.choice(["refine", "explore"])), str(rng.choice(list("abcd"))),
-         float(rng.random()), float(rng.normal(8.0, 2.0)) if rng.random() > 0.1 else None)
+         float(rng.random()), score())
         for _ in range(120)
     ]
     history, digest, _ = history_of(rows)
@@ -108,11 +116,14 @@ def test_stale_counts_of_the_ranked_structures_match_a_full_scan():
         if obs.arm != "refine" or obs.structure in gained:
             continue
         gain = obs.gains.get("did")
-        if gain is not None and gain > noise:
+        if obs.kind != "pending" and gain is not None and gain > noise:
             gained.add(obs.structure)
         else:
             full[obs.structure] = full.get(obs.structure, 0) + 1
     keys = list(digest.ledger.best)
+    running = [obs for obs in history if obs.kind == "pending"]
+    assert any(obs.arm == "refine" for obs in running)
     for wanted in (keys[:1], keys[1:3], keys):
-        counts = planning._stale_counts(history, "did", noise, wanted)
+        counts = planning._stale_counts(digest, running, "did", noise, wanted)
         assert counts == {k: full[k] for k in wanted if k in full}
+        assert planning._stale_counts(digest, history, "did", noise, wanted) == counts

@@ -216,7 +216,7 @@ class RefineChoice:
 
 
 def refine_choice(
-    history: Sequence[Seen], digest: StudyDigest, space: ObservedSpace, *, estimator: str
+    pending: Sequence[Seen], digest: StudyDigest, space: ObservedSpace, *, estimator: str
 ) -> RefineChoice | None:
     """Successive refinement of the ``TOP_STRUCTURES`` structures with the best potential.
 
@@ -227,7 +227,8 @@ def refine_choice(
     to the incumbent is tuned before it is written off. A gain resets a structure's count, and
     a structure that overtakes the incumbent becomes the first in line. When all of them are
     tuned out, the first is returned with ``stale >= patience`` (the refine arm rests).
-    None before any trial had a value.
+    None before any trial had a value. ``pending``: the running trials (any others in it are
+    ignored; the finished ones are the digest's).
     """
     if digest.ledger.incumbent is None:
         return None
@@ -239,7 +240,7 @@ def refine_choice(
     ranked = [keys[i] for i in _top_structures(values, top, TOP_STRUCTURES)]
     # the potentials anyone reads: the ranked structures' and the incumbent structure's
     potential = {key: float(values[ledger.places[key]]) for key in [*ranked, top_key]}
-    stale_counts = _stale_counts(history, estimator, digest.noise(), ranked)
+    stale_counts = _stale_counts(digest, pending, estimator, digest.noise(), ranked)
     # Only structures within a reward scale of the incumbent are worth its tuning budget.
     close = potential[top_key] - IMPROVEMENT_SCALE * score_scale(digest.scores)
     choices = []
@@ -266,26 +267,29 @@ def _top_structures(values: np.ndarray, top: int, count: int) -> list[int]:
 
 
 def _stale_counts(
-    history: Sequence[Seen], estimator: str, noise: float, keys: Sequence[Any]
+    digest: StudyDigest, pending: Sequence[Seen], estimator: str, noise: float,
+    keys: Sequence[Any],
 ) -> dict[Any, int]:
     """Per structure of ``keys``: refinement trials (failed and running ones included) since
     the last one that beat the structure's best by more than the measurement noise.
 
-    The scan runs from the newest trial back and stops once every one of ``keys`` has met its
-    last gain (it runs every trial, and the structures being refined usually gained recently).
+    Each structure's finished refinements are walked from the newest back, only until its last
+    gain (it runs every trial, and the structures being refined usually gained recently); a
+    running refinement counts when it is newer than that gain.
     """
-    wanted = set(keys)
     stale: dict[Any, int] = {}
-    for obs in reversed(history):
-        if not wanted:
-            break
-        if obs.arm != "refine" or obs.structure not in wanted:
-            continue
-        gain = obs.gains.get(estimator)
-        if obs.kind != "pending" and gain is not None and gain > noise:
-            wanted.discard(obs.structure)
-            continue
-        stale[obs.structure] = stale.get(obs.structure, 0) + 1
+    for key in keys:
+        count, last_gain = 0, -1
+        for number, gains in reversed(digest.refinements.get(key, ())):
+            gain = gains.get(estimator)
+            if gain is not None and gain > noise:
+                last_gain = number
+                break
+            count += 1
+        count += sum(1 for obs in pending if obs.kind == "pending" and obs.arm == "refine"
+                     and obs.structure == key and obs.number > last_gain)
+        if count:
+            stale[key] = count
     return stale
 
 

@@ -77,6 +77,8 @@ class StudyDigest:
         self.distributions: dict[str, BaseDistribution] = {}
         self.best: dict[str, Seen] = {}  # kind ("real"/"estimate") -> best trial of that kind
         self.best_with: dict[tuple[str, str], Seen] = {}  # (kind, param) -> best trial having it
+        # structure -> (number, gains) of its finished refinements, oldest first
+        self.refinements: dict[Hashable, list[tuple[int, dict[str, float | None]]]] = {}
         self._noise: float | None = None
         # The configs measured more than once, by their place in ``repeats`` (the noise sums
         # them in that order), so the noise need not look at the configs measured once.
@@ -94,6 +96,9 @@ class StudyDigest:
         outcome = ArmOutcome(seen.arm, seen.structure, seen.score, estimate)
         gains = {e: self.ledger.gain(outcome, e) for e in ("did", "naive")}
         self.ledger.add(outcome)
+        if seen.arm == "refine":
+            bisect.insort(self.refinements.setdefault(seen.structure, []), (seen.number, gains),
+                          key=_number)
         if seen.score is not None:
             self.scores.append(seen.score)
             self.examples.setdefault(seen.structure, seen)
@@ -127,6 +132,10 @@ class StudyDigest:
         if self._noise is None:
             self._noise = pooled_noise([self.repeats[c] for _, c in self._repeated])
         return self._noise
+
+
+def _number(entry: tuple[int, Any]) -> int:
+    return entry[0]
 
 
 def _beats(seen: Seen, other: Seen | None) -> bool:

@@ -216,7 +216,7 @@ class AutoScoutSampler(BaseSampler):
         moves: list[tuple[str, Any]] = []
         if self._neighbour_arm and incumbent is not None and len(history) >= self._n_startup:
             moves = planning.untried_neighbours(history, space, incumbent)
-        choice = planning.refine_choice(history, digest, space, estimator=self._reward)
+        choice = planning.refine_choice(pending, digest, space, estimator=self._reward)
         can_model = self._model_arm and incumbent is not None and len(history) >= self._n_startup
         arm, reason, extra = self._decide(
             study, history, digest, space, number, bool(moves), choice, can_model
