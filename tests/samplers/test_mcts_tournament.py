@@ -9,13 +9,14 @@ from hypothesis import strategies as st
 from autoscout_optuna.samplers._mcts.tournament import (
     Dependencies,
     DependencyLearner,
+    SpreadOfRows,
     candidate_orders,
     explained_spread,
     learn_dependencies,
     run_tournament,
     topological_order,
 )
-from autoscout_optuna.samplers._mcts.tree import ABSENT
+from autoscout_optuna.samplers._mcts.tree import ABSENT, OTHER
 
 
 def _conditional_table(n: int = 60, seed: int = 0):
@@ -142,3 +143,17 @@ def test_candidate_orders_without_history_are_still_valid():
         np.random.default_rng(0), 4,
     )
     assert all(sorted(o) == [0, 1] for o in orders)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 40), st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_each_column_at_once_gives_exactly_the_one_column_answers(n_rows, n_columns, seed):
+    # Exactly, not approximately: the plan's level order, and so every later trial, follows
+    # these numbers, and computing them at once must not change a single decision.
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(OTHER, rng.integers(1, 12), (n_rows, n_columns))
+    rewards = rng.random(n_rows)
+    weights = rng.choice([0.0, 0.1, 0.5, 1.0], n_rows)
+    spread = SpreadOfRows(codes, rewards, weights)
+    one_by_one = [SpreadOfRows(codes, rewards, weights)([c]) for c in range(n_columns)]
+    assert spread.each_column().tolist() == one_by_one

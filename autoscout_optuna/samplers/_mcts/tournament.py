@@ -202,16 +202,46 @@ class SpreadOfRows:
             self._answers[key] = self._explained(key)
         return self._answers[key]
 
+    def each_column(self) -> np.ndarray:
+        """``self([c])`` of every column ``c``, the group sums of all columns counted at once.
+
+        One column's groups are its codes, so the columns' groups are numbered apart (column
+        ``c``'s after ``c`` times the widest column's) and one ``bincount`` per sum serves all
+        of them. Each group still adds its rows in row order, so every answer is the very
+        number ``self([c])`` gives (a plan asks this every trial: ~0.6 ms at 1,000 rows as one
+        call per column).
+        """
+        n_columns = self._codes.shape[1]
+        if self._total <= 1e-12 or n_columns == 0 or self._n == 0:
+            return np.array([self((c,)) for c in range(n_columns)])
+        width = int(self._codes.max()) + 3  # codes start at OTHER = -2
+        groups = ((self._codes + 2) + np.arange(n_columns) * width).T.ravel()
+        size = n_columns * width
+        w_groups = np.bincount(groups, weights=np.tile(self._weights, n_columns), minlength=size)
+        s_groups = np.bincount(groups, weights=np.tile(self._weighted, n_columns), minlength=size)
+        rows = np.bincount(groups, minlength=size)
+        w_groups, s_groups, rows = (a.reshape(n_columns, width) for a in (w_groups, s_groups, rows))
+        answers = np.empty(n_columns)
+        for column in range(n_columns):
+            answers[column] = self._answers.setdefault((column,), self._adjusted(
+                w_groups[column], s_groups[column], int(np.count_nonzero(rows[column]))
+            ))
+        return answers
+
     def _explained(self, columns: tuple[int, ...]) -> float:
         if self._total <= 1e-12:
             return 0.0
-        n, mean = self._n, self._mean
         groups = group_ids(self._codes, columns)
         k_max = int(groups.max()) + 1
         w_group = np.bincount(groups, weights=self._weights, minlength=k_max)
         s_group = np.bincount(groups, weights=self._weighted, minlength=k_max)
-        nonzero = w_group > 0
         k = int(np.count_nonzero(np.bincount(groups, minlength=k_max)))
+        return self._adjusted(w_group, s_group, k)
+
+    def _adjusted(self, w_group: np.ndarray, s_group: np.ndarray, k: int) -> float:
+        """Adjusted R^2 from the groups' weight and weighted-reward sums (``k`` groups)."""
+        n, mean = self._n, self._mean
+        nonzero = w_group > 0
         between = float(
             np.sum(w_group[nonzero] * (s_group[nonzero] / w_group[nonzero] - mean) ** 2)
         )
@@ -260,7 +290,7 @@ def candidate_orders(
     n_columns = codes.shape[1]
     follow = dependencies.must_follow
     spread = SpreadOfRows(codes, rewards, weights)
-    impact = np.array([spread([c]) for c in range(n_columns)])
+    impact = spread.each_column()
     orders: list[list[int]] = []
 
     def add(priority: Sequence[float]) -> None:
