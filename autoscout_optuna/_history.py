@@ -167,9 +167,12 @@ class _OrphanCount:
                 settled, settled_orphans = settled + 1, orphans
         if settled > k and (settled > known[0] or not valid):
             with self._lock:
+                self._prefixes.pop(key, None)  # re-inserted last: the newest entry
                 self._prefixes[key] = (
                     settled, trials[settled - 1].datetime_start, settled_orphans
                 )
+                if len(self._prefixes) > _MAX_STUDIES:  # a storage object per load_study
+                    del self._prefixes[next(iter(self._prefixes))]
         return orphans
 
 
@@ -179,6 +182,7 @@ def _same_trial(trials: list[FrozenTrial], index: int, start: Any) -> bool:
     )
 
 
+_MAX_STUDIES = 64
 _ORPHANS = _OrphanCount()
 
 

@@ -173,3 +173,21 @@ def test_decision_number_forgets_a_deleted_study_whose_id_is_reused(tmp_path):
         study.tell(study.ask(), 0.0)
     _check_decision_numbers(study)
     assert decision_number(study, study.get_trials(deepcopy=False)[-1]) == 3
+
+
+def test_decision_number_cache_stays_bounded_over_many_studies():
+    # A process that opens study after study (each load wraps its storage in a new object)
+    # keeps a bounded cache, and a study whose entry was dropped is counted afresh.
+    from autoscout_optuna import _history
+
+    study = optuna.create_study()
+    study.tell(study.ask(), 1.0)
+    last = study.ask()
+    assert decision_number(study, study.get_trials(deepcopy=False)[last.number]) == 1
+    for _ in range(2 * _history._MAX_STUDIES):
+        other = optuna.create_study()
+        other.tell(other.ask(), 0.0)
+        ask = other.ask()
+        assert decision_number(other, other.get_trials(deepcopy=False)[ask.number]) == 1
+    assert len(_history._ORPHANS._prefixes) <= _history._MAX_STUDIES
+    assert decision_number(study, study.get_trials(deepcopy=False)[last.number]) == 1
