@@ -92,12 +92,19 @@ def test_resume_from_sqlite_reproduces_feasibility_decisions(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("with_trends", [False, True])
 @pytest.mark.parametrize("seed", range(5))
-def test_logistic_fit_matches_the_dense_newton_solution(seed):
+def test_logistic_fit_matches_the_dense_newton_solution(seed, with_trends):
     # The fit works on feature indices, never forming the one-hot design (no BLAS threads):
     # it must land on the same penalized optimum as the textbook dense Newton iteration, also
-    # with absent params, values outside the domain, and a failure rate near 0.
-    from autoscout_optuna.samplers._mcts.feasibility import L2, _logistic, one_hot
+    # with absent params, values outside the domain, and a failure rate near 0; with numeric
+    # trends, the dense design has one more column per trend (its rows' values).
+    from autoscout_optuna.samplers._mcts.feasibility import (
+        L2,
+        _logistic,
+        numeric_trends,
+        one_hot,
+    )
     from autoscout_optuna.samplers._mcts.tree import OTHER
 
     rng = np.random.default_rng(seed)
@@ -109,7 +116,12 @@ def test_logistic_fit_matches_the_dense_newton_solution(seed):
     heavy = (codes == 0).sum(axis=1) + rng.normal(0.0, 1.0, len(codes))
     y = (heavy > np.quantile(heavy, 0.9 if seed else 0.995)).astype(float)
 
-    design = np.hstack([np.ones((len(codes), 1)), one_hot(codes, offsets)])
+    numeric = [np.array([1, 2, 4, 8, 16][:n], dtype=float) for n in n_values]
+    numeric[1] = None  # a column that is not numbers
+    trends = numeric_trends(numeric, offsets) if with_trends else None
+    features = one_hot(codes, offsets)
+    extra = [] if trends is None else [features @ trends]
+    design = np.hstack([np.ones((len(codes), 1)), features, *extra])
     penalty = np.full(design.shape[1], L2)
     penalty[0] = 1e-6
     beta = np.zeros(design.shape[1])
@@ -118,6 +130,26 @@ def test_logistic_fit_matches_the_dense_newton_solution(seed):
         hessian = (design * (p * (1 - p))[:, None]).T @ design + np.diag(penalty)
         beta -= np.linalg.solve(hessian, design.T @ (p - y) + penalty * beta)
 
-    weights, intercept = _logistic(codes, offsets, y)
-    np.testing.assert_allclose(weights, beta[1:], atol=1e-8)
+    weights, intercept = _logistic(codes, offsets, y, trends)
+    n_features = features.shape[1]
+    expected = beta[1: 1 + n_features]
+    if trends is not None:  # each feature's effective weight carries its trends' share
+        assert trends.shape[1] == sum(n >= 3 for n in n_values[:1] + n_values[2:])
+        expected = expected + trends @ beta[1 + n_features:]
+    np.testing.assert_allclose(weights, expected, atol=1e-8)
     assert abs(intercept - beta[0]) < 1e-8
+
+
+def test_a_numeric_trend_carries_failure_to_an_unseen_heavier_value():
+    # Failures rise with micro_batch 1 -> 2 -> 4; 8 was never run. Alone, its one-hot weight
+    # has no data and stays 0 (the base rate); the trend puts it above the values seen.
+    from autoscout_optuna.samplers._mcts.feasibility import _logistic, numeric_trends
+
+    offsets = np.array([0, 4])
+    codes = np.repeat([[0], [1], [2]], 6, axis=0)
+    y = np.array([0] * 6 + [0, 0, 0, 0, 1, 1] + [1, 1, 1, 1, 0, 1], dtype=float)
+    plain, _ = _logistic(codes, offsets, y)
+    trends = numeric_trends([np.array([1.0, 2.0, 4.0, 8.0])], offsets)
+    trended, _ = _logistic(codes, offsets, y, trends)
+    assert plain[3] == 0.0
+    assert trended[3] > trended[2] > trended[1] > trended[0]

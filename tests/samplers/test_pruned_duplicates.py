@@ -130,7 +130,9 @@ def test_autoscout_with_fidelity_pruner_does_not_repeat_configurations(name, see
     # llm_serving, one config 10 times; on llm_training a pruned re-measure asked 10 times).
     assert undeliberate <= 2
     assert most <= 2
-    assert n_distinct >= 0.95 * n_feasible
+    # The deliberate re-measures themselves stay few: 4-7 % of the feasible trials on seeds
+    # 1-3 of llm_training and seed 0 of llm_serving (before the fix: 27 %).
+    assert n_distinct >= 0.9 * n_feasible
 
 
 def test_coordinate_descent_restarts_do_not_land_on_a_point_already_tried():

