@@ -154,7 +154,7 @@ class _OrphanCount:
         key = storage_key(study)
         with self._lock:
             known = self._prefixes.get(key, (0, None, 0))
-        valid = known[0] == 0 or _same_trial(trials, known[0] - 1, known[1])
+        valid = known[0] == 0 or settled_prefix_holds(trials, known[0], known[1])
         # a prefix past ``number`` counts too much: scan from the start (and keep that prefix)
         k, _, orphans = known if valid and known[0] <= number else (0, None, 0)
         if any(t.number != i for i, t in enumerate(trials[k: number], start=k)):
@@ -176,9 +176,11 @@ class _OrphanCount:
         return orphans
 
 
-def _same_trial(trials: list[FrozenTrial], index: int, start: Any) -> bool:
-    return index < len(trials) and trials[index].number == index and (
-        trials[index].datetime_start == start
+def settled_prefix_holds(trials: list[FrozenTrial], k: int, start: Any) -> bool:
+    """Whether ``trials`` still begin with the settled prefix ``0 .. k - 1`` read before, whose
+    last trial started at ``start`` (a recreated study, or another list, fails this)."""
+    return 0 < k <= len(trials) and trials[k - 1].number == k - 1 and (
+        trials[k - 1].datetime_start == start
     )
 
 

@@ -20,7 +20,13 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial
 
 from autoscout_optuna import _keys
-from autoscout_optuna._history import Kind, Observation, measurement_grade, observation_of
+from autoscout_optuna._history import (
+    Kind,
+    Observation,
+    measurement_grade,
+    observation_of,
+    settled_prefix_holds,
+)
 from autoscout_optuna._space import structure_key
 from autoscout_optuna._storage import get_trials
 from autoscout_optuna.samplers._autoscout.did import ArmOutcome, Ledger, pooled_noise
@@ -219,9 +225,6 @@ class HistoryReader:
     ) -> tuple[int, list[Seen]]:
         """The settled prefix of ``trials`` (k, a copy of its records), if still the same."""
         k, start, records = self._prefixes.get(name, (0, None, []))
-        if k == 0 or k > len(trials) or (skip is not None and skip < k):
-            return 0, []
-        last = trials[k - 1]
-        if last.number != k - 1 or last.datetime_start != start:
+        if (skip is not None and skip < k) or not settled_prefix_holds(trials, k, start):
             return 0, []  # not the list read before: walk it all (the memo still helps)
         return k, list(records)
