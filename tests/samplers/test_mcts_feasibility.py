@@ -7,7 +7,9 @@ import optuna
 import pytest
 
 from autoscout_optuna import MCTSSampler
+from autoscout_optuna.samplers._mcts.descent import Step
 from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility
+from autoscout_optuna.samplers._mcts.plan import PlanSettings, fail_bar
 from autoscout_optuna.samplers._mcts.sampler import FEASIBILITY_KEY
 from autoscout_optuna.samplers._mcts.tree import ABSENT
 
@@ -70,11 +72,28 @@ def test_structures_whose_neighbours_all_failed_are_not_proposed_again():
         records = [t.user_attrs.get(FEASIBILITY_KEY) for t in study.trials[30:]]
         assert any(r and r["rejected"] for r in records)  # rejections are recorded
         for record in filter(None, records):
-            for p_fail, path in record["rejected"]:
-                assert p_fail > 0.3 and set(path) <= {"micro_batch", "recompute", "shard",
-                                                       "layout"}
+            assert 0.3 <= record["bar"] <= 0.6
+            for p_fail, bar, path in record["rejected"]:
+                assert p_fail > bar >= 0.3 and set(path) <= {"micro_batch", "recompute",
+                                                             "shard", "layout"}
     # 24 of the 48 structures fail; uninformed, half the late trials would.
     assert np.mean(fails) < 0.25 * 30
+
+
+def _steps(*values):
+    return [Step(column=i, code=0, score=v + 1.0, value=v, visits=1.0)
+            for i, v in enumerate(values)]
+
+
+def test_a_promising_path_may_take_more_risk():
+    settings = PlanSettings()  # max_fail_probability 0.3, slack 0.3
+    assert fail_bar(_steps(0.0, 0.0), settings) == pytest.approx(0.3)
+    assert fail_bar(_steps(1.0, 0.5), settings) == pytest.approx(0.3 + 0.3 * 0.75)
+    # A failed branch's negative value counts as no promise, not as a lower bar.
+    assert fail_bar(_steps(-0.05, 1.0), settings) == pytest.approx(0.3 + 0.3 * 0.5)
+    assert fail_bar([], settings) == pytest.approx(0.3)
+    fixed = PlanSettings(fail_promise_slack=0.0)
+    assert fail_bar(_steps(1.0, 1.0), fixed) == pytest.approx(0.3)
 
 
 def test_resume_from_sqlite_reproduces_feasibility_decisions(tmp_path):

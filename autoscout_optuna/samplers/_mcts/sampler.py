@@ -40,7 +40,8 @@ from autoscout_optuna.samplers._mcts.plan import (
 PATH_KEY = "mcts:path"
 UCT_KEY = "mcts:uct"
 PHASE_KEY = "mcts:phase"
-# {"p_fail": learned failure probability of the path run, "rejected": [[p_fail, path], ...]}.
+# {"p_fail": learned failure probability of the path run, "bar": the most it was allowed,
+#  "rejected": [[p_fail, bar, path], ...]}.
 FEASIBILITY_KEY = "mcts:feasibility"
 # System attr a composing sampler may write before the first suggest: {param: value} of the
 # non-structural params the trial will take. Then only a trial with the same structure *and*
@@ -77,7 +78,8 @@ class MCTSSampler(BaseSampler):
     that would repeat a failed trial's decisions is avoided), PRUNED trials count as
     low-fidelity estimates, RUNNING trials as virtual losses. A logistic model of P(FAIL) over
     the structure, fitted on the trials that failed after asking every param (out of memory and
-    the like), re-draws a planned path that is likely to fail (attr ``mcts:feasibility``); a
+    the like), re-draws a planned path that is likely to fail (attr ``mcts:feasibility``; the
+    bar rises with the path's promise, so a highly rated path may take more risk); a
     monotone rule sharpens it: a path at least as heavy as a known failure along the directions
     the data give each ordinal knob fails, one no heavier than a known success fits. An
     evaluated configuration is not proposed again. A share of trials exploits: greedy along the
