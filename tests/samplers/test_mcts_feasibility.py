@@ -96,6 +96,31 @@ def test_a_promising_path_may_take_more_risk():
     assert fail_bar(_steps(1.0, 1.0), fixed) == pytest.approx(0.3)
 
 
+def test_an_accepted_promising_path_is_run_even_if_a_rejected_one_was_safer(monkeypatch):
+    import types
+
+    from autoscout_optuna.samplers._mcts import plan as plan_module
+    from autoscout_optuna.samplers._mcts.descent import TreePolicy
+
+    safer_dull = [Step(column=0, code=0, score=0.1, value=0.0, visits=1.0)]  # bar 0.3
+    riskier_promising = [Step(column=0, code=1, score=1.1, value=1.0, visits=1.0)]  # bar 0.6
+    draws = iter([safer_dull, riskier_promising])
+    p_of_code = {0: 0.35, 1: 0.5}
+    monkeypatch.setattr(plan_module, "plan_path", lambda *a, **k: next(draws))
+    model = types.SimpleNamespace(p_fail=lambda row: np.array([p_of_code[int(row[0])]]))
+    monkeypatch.setattr(plan_module, "fit_feasibility", lambda *a, **k: model)
+    table = types.SimpleNamespace(
+        values=[["a", "b"]], kinds=["real"], codes=np.array([[0]]), positions=np.array([[0]])
+    )
+    evidence = plan_module.Evidence(table, np.array([0.5]), np.array([1.0]))
+    steps, record = plan_module._feasible_path(
+        evidence, [0], {}, np.random.default_rng(0), TreePolicy(), PlanSettings(), None
+    )
+    assert steps == riskier_promising
+    assert record["p_fail"] == 0.5 and record["bar"] == pytest.approx(0.6)
+    assert record["rejected"] == [(0.35, 0.3, safer_dull)]
+
+
 def test_resume_from_sqlite_reproduces_feasibility_decisions(tmp_path):
     storage = f"sqlite:///{tmp_path / 'f.db'}"
     whole = optuna.create_study(direction="maximize", sampler=MCTSSampler(seed=1))

@@ -185,7 +185,8 @@ def _feasible_path(
     A path is kept when its P(FAIL) is at most :func:`fail_bar` of its steps. A rejected path
     joins the table as a virtual failed row, so the next descent both scores its branch lower
     and, by the dead-end rule, does not complete it again. After ``max_redraws`` rejections
-    the least likely to fail of the paths drawn is taken.
+    the least likely to fail of the paths drawn is taken (every recorded rejection was above
+    its own bar).
     """
     table = evidence.table
     n_values = [len(v) for v in table.values]
@@ -216,7 +217,10 @@ def _feasible_path(
         failed, partial = np.append(failed, True), np.append(partial, True)
         if repeatable is not None:
             repeatable = np.append(repeatable, True)
-    best = min(range(len(drawn)), key=lambda i: (drawn[i][0], i))
+    if drawn[-1][0] <= drawn[-1][1]:  # accepted; an earlier, rejected path may be less
+        best = len(drawn) - 1          # likely to fail but is also less promising
+    else:
+        best = min(range(len(drawn)), key=lambda i: (drawn[i][0], i))
     rejected = [(round(p, 3), round(bar, 3), path)
                 for i, (p, bar, path) in enumerate(drawn) if i != best]
     p_fail, bar, steps = drawn[best]
