@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import optuna
 import pytest
 
 from autoscout_optuna import MCTSSampler
-from autoscout_optuna.samplers._mcts.descent import Step
+from autoscout_optuna.samplers._mcts import plan as plan_module
+from autoscout_optuna.samplers._mcts.descent import Step, TreePolicy
 from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility
 from autoscout_optuna.samplers._mcts.plan import PlanSettings, fail_bar
 from autoscout_optuna.samplers._mcts.sampler import FEASIBILITY_KEY
@@ -97,11 +100,6 @@ def test_a_promising_path_may_take_more_risk():
 
 
 def test_an_accepted_promising_path_is_run_even_if_a_rejected_one_was_safer(monkeypatch):
-    import types
-
-    from autoscout_optuna.samplers._mcts import plan as plan_module
-    from autoscout_optuna.samplers._mcts.descent import TreePolicy
-
     safer_dull = [Step(column=0, code=0, score=0.1, value=0.0, visits=1.0)]  # bar 0.3
     riskier_promising = [Step(column=0, code=1, score=1.1, value=1.0, visits=1.0)]  # bar 0.6
     draws = iter([safer_dull, riskier_promising])
