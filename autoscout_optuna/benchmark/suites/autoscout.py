@@ -26,7 +26,7 @@ from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._objective import reference_objective
 from autoscout_optuna._study_definition import StudyDefinition
 from autoscout_optuna.benchmark._harness import Contender, Suite, TimedSampler
-from autoscout_optuna.benchmark.suites import baselines
+from autoscout_optuna.benchmark.suites import baselines, mcts
 from autoscout_optuna.samplers import AutoScoutSampler
 
 ABLATIONS: dict[str, dict[str, Any]] = {
@@ -108,7 +108,10 @@ def overhead_definition() -> StudyDefinition:
 
 def suites(quick: bool = False) -> list[Suite]:
     definitions, labels = baselines.reference_studies()
-    contenders = autoscout_contenders() + baselines.contenders()
+    # MCTSSampler alone (every trial explores): the reference for what the refine arm and the
+    # start-up coverage cost on studies whose dense knobs barely matter
+    mcts_alone = Contender("variant: MCTSSampler alone", mcts.make_mcts)
+    contenders = autoscout_contenders() + [mcts_alone] + baselines.contenders()
     overhead = overhead_definition()
     if quick:
         return [
@@ -137,7 +140,8 @@ def suites(quick: bool = False) -> list[Suite]:
                 "feature prioritization in MCTS, and a naive reward (difference to the "
                 "incumbent) instead of difference-in-differences; plus the optional neighbour "
                 "arm (one structural change of the incumbent) and model arm (a structure "
-                "proposed by a log-additive model of all scores). Scored on the noiseless "
+                "proposed by a log-additive model of all scores), and MCTSSampler alone. "
+                "Scored on the noiseless "
                 f"reference value; GP runs {baselines.GP_SEEDS} seeds (its per-trial cost)."
             ),
         ),
