@@ -127,3 +127,44 @@ def test_stale_counts_of_the_ranked_structures_match_a_full_scan():
         counts = planning._stale_counts(digest, running, "did", noise, wanted)
         assert counts == {k: full[k] for k in wanted if k in full}
         assert planning._stale_counts(digest, history, "did", noise, wanted) == counts
+
+
+# -- the structure search settles before dense tuning starts ----------------------------------
+
+
+def settled(rows, proposals=3):
+    history, _, _ = history_of(rows)
+    return planning.structure_settled(history, proposals)
+
+
+def test_not_settled_before_any_real_value():
+    assert not settled([("startup", "a", 0.5, None)] * 5)
+
+
+def test_settles_after_enough_proposals_fail_to_take_the_lead():
+    lead = [("startup", "a", 0.5, 10.0)]
+    behind = [("explore", "b", 0.5, 9.0), ("explore", "c", 0.5, None)]
+    assert not settled(lead + behind)
+    assert settled(lead + behind + [("explore", "d", 0.5, 1.0)])
+
+
+def test_a_new_lead_structure_restarts_the_count():
+    rows = [("startup", "a", 0.5, 10.0)] + [("explore", "b", 0.5, 9.0)] * 3
+    assert settled(rows)
+    assert not settled(rows + [("explore", "c", 0.5, 11.0)])
+    # the lead structure gaining again (a better dense setting) keeps the count
+    assert settled(rows + [("explore", "a", 0.6, 10.5)])
+
+
+def test_refinements_neither_count_nor_restart():
+    rows = [("startup", "a", 0.5, 10.0), ("startup", "b", 0.5, 9.0)]
+    rows += [("refine", "a", 0.1 * i, 10.0) for i in range(5)]
+    assert not settled(rows)  # one proposal after the lead, refinements do not count
+    # a runner-up refined past the incumbent does not reopen the structure search
+    rows += [("explore", "c", 0.5, 1.0)] * 2 + [("refine", "b", 0.9, 12.0)]
+    assert settled(rows)
+
+
+def test_running_trials_do_not_count():
+    rows = [("startup", "a", 0.5, 10.0)] + [("explore", "b", 0.5, "running")] * 5
+    assert not settled(rows)

@@ -81,7 +81,26 @@ def test_every_trial_records_arm_and_reason():
     assert arms[:4] == ["startup"] * 4
     assert set(arms[4:]) <= {"explore", "refine"} and len(set(arms[4:])) == 2
     assert all(isinstance(t.user_attrs[_keys.REASON], str) for t in study.trials)
-    assert all("autoscout:bandit" in t.user_attrs for t in study.trials[4:])
+    # the bandit's draws on every trial it decided; the others say why it had no choice
+    for t in study.trials[4:]:
+        reason = t.user_attrs[_keys.REASON]
+        assert ("autoscout:bandit" in t.user_attrs) == reason.startswith(("thompson", "floor"))
+    assert any(t.user_attrs[_keys.REASON].startswith("thompson") for t in study.trials[4:])
+
+
+def test_refinement_waits_for_the_structure_search_to_settle():
+    from autoscout_optuna.samplers._autoscout.reader import HistoryReader
+
+    study = optuna.create_study(sampler=make_faked(n_startup_trials=4))
+    study.optimize(conditional_objective, n_trials=40)
+    history, _ = HistoryReader().read(study)
+    refinements = [i for i, obs in enumerate(history) if obs.arm == "refine"]
+    assert refinements  # the search did settle, and refinement came
+    for i in refinements:
+        before = history[:i]
+        assert planning.structure_settled(before) or not planning.exploring_succeeds(before)
+    waited = [t for t in study.trials if "not settled" in t.user_attrs[_keys.REASON]]
+    assert waited and all(t.user_attrs[_keys.ARM] == "explore" for t in waited)
 
 
 def test_hooks_go_to_the_chosen_arm_only():
@@ -173,6 +192,17 @@ def test_model_arm_runs_the_structure_it_proposed_with_the_incumbents_dense_valu
         structure = {k: v for k, v in trial.params.items() if k != "x"}
         assert all({k: v for k, v in t.params.items() if k != "x"} != structure
                    for t in study.trials[: trial.number])
+
+
+def test_four_arms_share_the_floor():
+    # the default floor (0.3) is more than a quarter: with four arms each keeps 1/4 at most
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(
+        seed=3, n_startup_trials=6, model_arm=True, neighbour_arm=True,
+        explore_sampler=FakeArm("explore"), refine_sampler=FakeArm("refine"),
+    ))
+    study.optimize(model_objective, n_trials=45, catch=(Infeasible,))
+    decided = [t for t in study.trials if "autoscout:bandit" in t.user_attrs]
+    assert any(len(t.user_attrs["autoscout:bandit"]) == 4 for t in decided)
 
 
 def test_model_arm_resumes_from_storage_as_one_study(tmp_path):
@@ -273,8 +303,12 @@ def test_failures_are_penalized():
         return value
 
     study.optimize(objective, n_trials=60, catch=(RuntimeError,))
-    late = [t.user_attrs[_keys.ARM] for t in study.trials[30:]]
-    assert late.count("explore") / len(late) < 0.3
+    late = study.trials[30:]
+    # explore keeps its floor (30 % of recent trials), and the bandit's own draws go to refine
+    drawn = [t.user_attrs[_keys.ARM] for t in late
+             if t.user_attrs[_keys.REASON].startswith("thompson")]
+    assert drawn.count("explore") / len(drawn) < 0.2
+    assert [t.user_attrs[_keys.ARM] for t in late].count("explore") / len(late) < 0.45
 
 
 def _arm(study, trial):
