@@ -168,3 +168,17 @@ def test_refinements_neither_count_nor_restart():
 def test_running_trials_do_not_count():
     rows = [("startup", "a", 0.5, 10.0)] + [("explore", "b", 0.5, "running")] * 5
     assert not settled(rows)
+
+
+def test_the_shortcut_from_the_best_trial_agrees_with_the_full_walk():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        rows = []
+        for _ in range(int(rng.integers(1, 30))):
+            arm = str(rng.choice(["startup", "explore", "refine"]))
+            score = None if rng.random() < 0.2 else float(rng.integers(0, 12))
+            rows.append((arm, str(rng.choice(list("abcd"))), 0.5, score))
+        history, digest, _ = history_of(rows)
+        for proposals in (1, 3, 10):
+            assert planning.structure_settled(history, proposals) == planning.structure_settled(
+                history, proposals, best=digest.best.get("real"))

@@ -317,23 +317,38 @@ def refine_target(
 SETTLE_PROPOSALS = 10
 
 
-def structure_settled(history: Sequence[Seen], proposals: int = SETTLE_PROPOSALS) -> bool:
+def structure_settled(
+    history: Sequence[Seen], proposals: int = SETTLE_PROPOSALS, *, best: Seen | None = None
+) -> bool:
     """Whether ``proposals`` finished structure proposals (start-up, explore, neighbour and
     model trials, failed ones included) came after the last one that put a different structure
     in the lead (real scores only; a refinement that lifts a runner-up over the incumbent does
-    not reopen the structure search). False before any real value."""
-    best, leader, since = None, None, 0
+    not reopen the structure search). False before any real value.
+
+    ``best``, the best real trial (the digest's), lets the usual case skip the walk from the
+    start: no trial after it leads, so the proposals after it count in any case.
+    """
+    if best is not None:
+        count = 0
+        for obs in reversed(history):
+            if obs.number == best.number:
+                break
+            if obs.kind != "pending" and obs.arm != "refine":
+                count += 1
+                if count >= proposals:
+                    return True
+    top, leader, since = None, None, 0
     for obs in history:
         if obs.kind == "pending":
             continue
-        leads = obs.kind == "real" and obs.score is not None and (best is None or obs.score > best)
+        leads = obs.kind == "real" and obs.score is not None and (top is None or obs.score > top)
         if leads:
             if obs.structure != leader and obs.arm != "refine":
                 since = 0
-            best, leader = obs.score, obs.structure
+            top, leader = obs.score, obs.structure
         elif obs.arm != "refine":
             since += 1
-    return best is not None and since >= proposals
+    return top is not None and since >= proposals
 
 
 def exploring_succeeds(history: Sequence[Seen], last: int = 5) -> bool:

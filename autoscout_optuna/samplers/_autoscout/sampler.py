@@ -309,7 +309,8 @@ class AutoScoutSampler(BaseSampler):
             return arm, reason, {}
         # Dense tuning waits until the lead structure has held against a few proposals (unless
         # every recent proposal failed: then refining is the better use of a trial).
-        if REFINE in arms and not planning.structure_settled(history) \
+        best = digest.best.get("real")
+        if REFINE in arms and not planning.structure_settled(history, best=best) \
                 and planning.exploring_succeeds(history):
             arms.remove(REFINE)
             if len(arms) == 1:
