@@ -310,12 +310,13 @@ class AutoScoutSampler(BaseSampler):
         # Dense tuning waits until the lead structure has held against a few proposals (unless
         # every recent proposal failed: then refining is the better use of a trial).
         best = digest.best.get("real")
-        if REFINE in arms and not planning.structure_settled(history, best=best) \
+        settle = planning.SETTLE_PROPOSALS
+        if REFINE in arms and not planning.structure_settled(history, settle, best=best) \
                 and planning.exploring_succeeds(history):
             arms.remove(REFINE)
             if len(arms) == 1:
                 return arms[0], (f"structure search not settled (the lead structure has held "
-                                 f"against fewer than {planning.SETTLE_PROPOSALS} proposals): "
+                                 f"against fewer than {settle} proposals): "
                                  f"{arms[0]}"), {}
         if REFINE in arms and choice is not None:
             stale, patience = choice.stale, choice.patience
