@@ -182,3 +182,19 @@ def test_the_shortcut_from_the_best_trial_agrees_with_the_full_walk():
         for proposals in (1, 3, 10):
             assert planning.structure_settled(history, proposals) == planning.structure_settled(
                 history, proposals, best=digest.best.get("real"))
+
+
+def test_a_small_structure_space_settles_sooner():
+    def space(*sizes):
+        distributions = {f"s{i}": CategoricalDistribution(list(range(n)))
+                         for i, n in enumerate(sizes)}
+        distributions["x"] = FloatDistribution(0.0, 1.0)
+        return planning.ObservedSpace(distributions, tuple(distributions)[:-1], ("x",))
+
+    assert planning.settle_proposals(space(2)) == 1  # the one other structure
+    assert planning.settle_proposals(space(3, 3)) == 8
+    assert planning.settle_proposals(space(4, 3)) == planning.SETTLE_PROPOSALS
+    assert planning.settle_proposals(space()) == 0  # no structure to wait for
+    # with "a" in the lead of two structures, one proposal of "b" settles it
+    history, _, _ = history_of([("startup", "a", 0.5, 10.0), ("explore", "b", 0.5, 9.0)])
+    assert planning.structure_settled(history, planning.settle_proposals(space(2)))

@@ -317,6 +317,18 @@ def refine_target(
 SETTLE_PROPOSALS = 10
 
 
+def settle_proposals(space: ObservedSpace) -> int:
+    """The gate's threshold for ``space``: ``SETTLE_PROPOSALS``, or fewer where there are
+    fewer other structures to propose (an upper bound: conditional params count as if always
+    asked), so a small space does not wait on repeats."""
+    others = 1
+    for name in space.structural:
+        others *= max(len(discrete_values(space.distributions[name])), 1)
+        if others > SETTLE_PROPOSALS:
+            return SETTLE_PROPOSALS
+    return others - 1
+
+
 def structure_settled(
     history: Sequence[Seen], proposals: int = SETTLE_PROPOSALS, *, best: Seen | None = None
 ) -> bool:

@@ -82,12 +82,12 @@ class AutoScoutSampler(BaseSampler):
        fail) explores instead of coverage.
     5. **Structure first**: the refine arm opens only once the structure in the lead has held
        against ``10`` finished structure proposals (start-up, explore, neighbour, model trials;
-       failed ones count), and closes again when a proposal puts a new structure in the lead,
-       unless every recent proposal failed. Dense tuning of a structure that is about to be
-       overtaken is wasted, and refinement trials crowd out the exploration that decides the
-       structure, the knobs with the larger effect (seeds 0-79, 100 trials: best/optimum at 20
-       trials +0.012 / +0.017 / +0.031 on ``llm_training`` 8B / 70B and ``llm_serving``, at 100
-       trials within the noise).
+       failed ones count; fewer where the space has fewer other structures), and closes again
+       when a proposal puts a new structure in the lead, unless every recent proposal failed.
+       Dense tuning of a structure that is about to be overtaken is wasted, and refinement
+       trials crowd out the exploration that decides the structure, the knobs with the larger
+       effect (seeds 0-79, 100 trials: best/optimum at 20 trials +0.012 / +0.017 / +0.031 on
+       ``llm_training`` 8B / 70B and ``llm_serving``, at 100 trials within the noise).
 
     Every hook and ``reseed_rng`` is forwarded to the chosen sub-sampler; the arm is read back
     from the trial's attrs, so any worker can run any hook. Decisions are recorded as user
@@ -310,7 +310,7 @@ class AutoScoutSampler(BaseSampler):
         # Dense tuning waits until the lead structure has held against a few proposals (unless
         # every recent proposal failed: then refining is the better use of a trial).
         best = digest.best.get("real")
-        settle = planning.SETTLE_PROPOSALS
+        settle = planning.settle_proposals(space)
         if REFINE in arms and not planning.structure_settled(history, settle, best=best) \
                 and planning.exploring_succeeds(history):
             arms.remove(REFINE)
