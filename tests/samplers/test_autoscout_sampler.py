@@ -373,6 +373,12 @@ def test_benchmark_suites_compare_ablations_and_measure_overhead():
             "ablation: no dense optimizer", "ablation: naive reward"} <= names
     assert main.n_seeds >= 10 and main.n_trials == 100
     assert suites["autoscout-overhead"].n_trials == 5000
+    # trials to 99 % are censored at 100 trials: the long suite sees past them, against the
+    # baselines the issue names except GP (its per-trial cost)
+    long = suites["autoscout-long"]
+    assert long.n_trials >= 500 and long.n_seeds >= 40 and max(long.budgets) == long.n_trials
+    assert {c.name for c in long.contenders} == {
+        "autoscout", "variant: MCTSSampler alone", "tpe", "cmaes", "random"}
     # the overhead space really has 15 knobs, spread over conditional branches
     knobs = set()
     for backend in ("gemm", "flash", "fused"):
@@ -448,3 +454,4 @@ def test_a_layout_found_invalid_before_the_dense_knobs_is_not_proposed_again():
         # Start-up coverage is blind to failures; every arm after it avoids the failed prefix.
         assert all(t.user_attrs[_keys.ARM] == "startup" for t in invalid[1:])
         assert study.best_params["layout"] == "c"
+
