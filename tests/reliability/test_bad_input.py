@@ -96,6 +96,7 @@ BAD_ARGUMENTS = {
         "feature_prioritization": ["no", None],
         "neighbour_arm": ["no"],
         "model_arm": ["yes", 1],
+        "model_after": [-1, 2.5, "x", None],
         "explore_sampler": ["tpe", 5],
         "refine_sampler": ["tpe", _random_sampler],
     },

@@ -175,7 +175,7 @@ def model_objective(trial):
 
 def test_model_arm_runs_the_structure_it_proposed_with_the_incumbents_dense_values():
     study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(
-        seed=2, n_startup_trials=6, model_arm=True, policy="alternate",
+        seed=2, n_startup_trials=6, model_arm=True, model_after=0, policy="alternate",
         explore_sampler=FakeArm("explore"), refine_sampler=FakeArm("refine"),
     ))
     study.optimize(model_objective, n_trials=30, catch=(Infeasible,))
@@ -194,10 +194,33 @@ def test_model_arm_runs_the_structure_it_proposed_with_the_incumbents_dense_valu
                    for t in study.trials[: trial.number])
 
 
+def test_model_arm_waits_until_structure_search_and_refinement_are_spent():
+    def run(model_after):
+        study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(
+            seed=5, n_startup_trials=6, model_after=model_after,
+        ))
+        study.optimize(model_objective, n_trials=80, catch=(Infeasible,))
+        return study
+
+    study = run(8)
+    modelled = [t.number for t in study.trials if t.user_attrs[_keys.ARM] == "model"]
+    assert modelled, "the model arm never opened"
+    for number in modelled:
+        earlier = study.trials[:number]
+        # the lead structure held against model_after structure proposals before it
+        # (counted after the best trial; a refinement that leads did not change the structure)
+        best = max((t for t in earlier if t.state == TrialState.COMPLETE), key=lambda t: t.value)
+        proposals = [t for t in earlier[best.number + 1:] if t.user_attrs[_keys.ARM] != "refine"]
+        assert len(proposals) >= 8 or best.user_attrs[_keys.ARM] == "refine"
+    # the gate is what held it back: open from the start, it proposes earlier
+    eager = [t.number for t in run(0).trials if t.user_attrs[_keys.ARM] == "model"]
+    assert eager and eager[0] < modelled[0]
+
+
 def test_four_arms_share_the_floor():
     # the default floor (0.3) is more than a quarter: with four arms each keeps 1/4 at most
     study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(
-        seed=3, n_startup_trials=6, model_arm=True, neighbour_arm=True,
+        seed=3, n_startup_trials=6, model_arm=True, model_after=0, neighbour_arm=True,
         explore_sampler=FakeArm("explore"), refine_sampler=FakeArm("refine"),
     ))
     study.optimize(model_objective, n_trials=45, catch=(Infeasible,))
@@ -207,7 +230,7 @@ def test_four_arms_share_the_floor():
 
 def test_model_arm_resumes_from_storage_as_one_study(tmp_path):
     def run(storage, n):
-        sampler = AutoScoutSampler(seed=4, n_startup_trials=5, model_arm=True,
+        sampler = AutoScoutSampler(seed=4, n_startup_trials=5, model_arm=True, model_after=0,
                                    explore_sampler=FakeArm("explore"),
                                    refine_sampler=FakeArm("refine"))
         study = optuna.create_study(direction="maximize", sampler=sampler, storage=storage,
@@ -378,7 +401,8 @@ def test_benchmark_suites_compare_ablations_and_measure_overhead():
     long = suites["autoscout-long"]
     assert long.n_trials >= 500 and long.n_seeds >= 40 and max(long.budgets) == long.n_trials
     assert {c.name for c in long.contenders} == {
-        "autoscout", "variant: MCTSSampler alone", "tpe", "cmaes", "random"}
+        "autoscout", "ablation: no model arm", "variant: MCTSSampler alone", "tpe", "cmaes",
+        "random"}
     # the overhead space really has 15 knobs, spread over conditional branches
     knobs = set()
     for backend in ("gemm", "flash", "fused"):

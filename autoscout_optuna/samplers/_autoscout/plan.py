@@ -7,7 +7,7 @@ Works on :class:`~autoscout_optuna.samplers._autoscout.reader.Seen` lists only (
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,12 @@ from autoscout_optuna.samplers._autoscout.did import (
 )
 from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
 from autoscout_optuna.samplers._autoscout.startup import infer_conditions, least_covered
-from autoscout_optuna.samplers._autoscout.surrogate import Proposal, propose
+from autoscout_optuna.samplers._autoscout.surrogate import (
+    Proposal,
+    conditions_of,
+    encode_structures,
+    propose_encoded,
+)
 
 ARMED = ("explore", "neighbour", "model", "refine")
 # Arms that propose a structure (the others keep one and move dense knobs).
@@ -373,15 +378,21 @@ def exploring_succeeds(history: Sequence[Seen], last: int = 5) -> bool:
 
 
 def model_proposal(
-    history: Sequence[Seen], space: ObservedSpace, rng: np.random.Generator
+    history: Sequence[Seen], space: ObservedSpace, rng: np.random.Generator,
+    memo: MutableMapping[Hashable, Any] | None = None,
 ) -> Proposal | None:
-    """The model arm's structure (:mod:`~autoscout_optuna.samplers._autoscout.surrogate`)."""
+    """The model arm's structure (:mod:`~autoscout_optuna.samplers._autoscout.surrogate`).
+
+    ``memo``: a dict the caller keeps between calls, so each structure is encoded once (see
+    :func:`~autoscout_optuna.samplers._autoscout.surrogate.encode_structures`).
+    """
     names = list(space.structural)
-    rows = [o.params for o in history]
-    return propose(
-        names, [discrete_values(space.distributions[n]) for n in names], rows,
-        [o.kind for o in history], [o.score for o in history],
-        infer_conditions(rows, space.structural, of=names), rng,
+    values = [discrete_values(space.distributions[n]) for n in names]
+    codes = encode_structures(names, values, [(o.structure, o.params) for o in history],
+                              {} if memo is None else memo)
+    return propose_encoded(
+        names, values, codes, [o.kind for o in history], [o.score for o in history],
+        conditions_of(codes, names, values), rng,
     )
 
 

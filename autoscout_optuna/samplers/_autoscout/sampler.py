@@ -47,11 +47,12 @@ class AutoScoutSampler(BaseSampler):
        a new structure starts from the best dense setting known) and ``refine``
        (:class:`~autoscout_optuna.CoordinateDescentSampler` on one structure, handed over in
        system attr ``autoscout:structure``; it takes PRUNED estimates as measurements while
-       the pruner finds the simulator close to real runs, see its ``use_estimates``); optionally
-       ``neighbour`` (the incumbent's structure with one structural param changed) and
-       ``model`` (the untried structure a Thompson draw of a log-additive model of all scores
-       ranks first, among those MCTS's feasibility model does not expect to fail:
-       :mod:`~autoscout_optuna.samplers._autoscout.surrogate`). Each
+       the pruner finds the simulator close to real runs, see its ``use_estimates``); once
+       both are spent (step 6), ``model`` (the untried structure a Thompson draw of a
+       log-additive model of all scores ranks first, among those MCTS's feasibility model
+       does not expect to fail: :mod:`~autoscout_optuna.samplers._autoscout.surrogate`);
+       optionally ``neighbour`` (the incumbent's structure with one structural param
+       changed). Each
        finished trial rewards its arm by difference-in-differences
        (:mod:`~autoscout_optuna.samplers._autoscout.did`)::
 
@@ -88,6 +89,18 @@ class AutoScoutSampler(BaseSampler):
        trials crowd out the exploration that decides the structure, the knobs with the larger
        effect (seeds 0-79, 100 trials: best/optimum at 20 trials +0.012 / +0.017 / +0.031 on
        ``llm_training`` 8B / 70B and ``llm_serving``, at 100 trials within the noise).
+    6. **The model arm when the local searches are spent**: it joins the bandit once the lead
+       structure has held against ``model_after`` (30) finished structure proposals *and* the
+       refine arm has tuned out its targets (step 4). MCTS moves one decision at a time from
+       what it knows and coordinate descent one knob, so both stall below a structure that
+       needs two or three changes at once (``llm_training`` 70B: tp 4 with micro-batch 1 and
+       selective recompute, where each change alone is slower or runs out of memory); the
+       model ranks whole structures. Open from the start, it costs ``llm_serving`` 0.029 at
+       100 trials (``autoscout`` suite, 40 seeds). Gated (seeds 40-199, 300 trials, paired
+       best/optimum): ``llm_training`` 70B +0.002 at 100 trials, +0.013 +- 0.006 at 200 and
+       +0.021 +- 0.007 at 300 (the held-out seeds 120-199 alone +0.014 +- 0.007), seeds at
+       95 % by trial 300 98 -> 132 of 160, FAIL share after trial 20 25 -> 22 %; 8B and
+       ``llm_serving`` (seeds 0-79) within 0.004 at 100, 200 and 300 trials.
 
     Every hook and ``reseed_rng`` is forwarded to the chosen sub-sampler; the arm is read back
     from the trial's attrs, so any worker can run any hook. Decisions are recorded as user
@@ -131,12 +144,10 @@ class AutoScoutSampler(BaseSampler):
             given it less than it earns: fixed alternation, half the trials, did better).
         discount: Per-trial discount of old rewards.
         neighbour_arm: Add the ``neighbour`` arm (one structural change of the incumbent).
-        model_arm: Add the ``model`` arm. Off by default: on the reference studies (seeds
-            0-39, 100 trials, paired against the default) best/optimum at 100 trials moves
-            +0.019 on ``llm_training`` 70B and +0.009 on 8B (+0.035 at 20 trials) but -0.021
-            on ``llm_serving``, FAIL trials after the first 20 rise by 1.6 / 2.0 per seed on
-            70B / 8B, and a proposal costs tens of ms of CPU at 1,000 trials
-            (``benchmarks/results/autoscout/``).
+        model_arm: False for the ablation without the ``model`` arm (step 6).
+        model_after: Structure proposals the lead structure must hold against before the
+            model arm opens (step 6); 0 opens it as soon as there is an incumbent, without
+            waiting for the refine arm either.
         explore_sampler: Replaces the MCTS arm (its dense knobs are its own business then).
         refine_sampler: Replaces the coordinate-descent arm.
     """
@@ -158,7 +169,8 @@ class AutoScoutSampler(BaseSampler):
         floor: float = 0.3,
         discount: float = 0.95,
         neighbour_arm: bool = False,
-        model_arm: bool = False,
+        model_arm: bool = True,
+        model_after: int = 30,
         explore_sampler: BaseSampler | None = None,
         refine_sampler: BaseSampler | None = None,
     ) -> None:
@@ -171,6 +183,9 @@ class AutoScoutSampler(BaseSampler):
             raise TypeError("n_startup_trials must be an int")
         if n_startup_trials < 0:
             raise ValueError(f"n_startup_trials must be >= 0, got {n_startup_trials}")
+        _validate.integers(model_after=model_after)
+        if model_after < 0:
+            raise ValueError(f"model_after must be >= 0, got {model_after}")
         if policy not in ("thompson", "alternate"):
             raise ValueError(f"policy must be 'thompson' or 'alternate', got {policy!r}")
         if reward not in ("did", "naive"):
@@ -188,11 +203,14 @@ class AutoScoutSampler(BaseSampler):
         self._dense_optimizer = dense_optimizer
         self._neighbour_arm = neighbour_arm
         self._model_arm = model_arm
+        self._model_after = int(model_after)
         self._estimate_weight = estimate_weight
         self._floor = floor
         self._discount = discount
         self._cache = PlanCache()
         self._reader = HistoryReader()
+        # Each structure's encoding for the model arm (a cache; see ``plan.model_proposal``).
+        self._model_memo: dict[Any, Any] = {}
         self._startup = TransplantSampler(seed=self._derive("startup"), cache=self._cache)
         # Both sub-samplers hand the knobs they do not decide to a TransplantSampler, which
         # plays this trial's plan (the incumbent's dense values: see transplant.py).
@@ -229,7 +247,7 @@ class AutoScoutSampler(BaseSampler):
         if self._neighbour_arm and incumbent is not None and len(history) >= self._n_startup:
             moves = planning.untried_neighbours(history, space, incumbent)
         choice = planning.refine_choice(pending, digest, space, estimator=self._reward)
-        can_model = self._model_arm and incumbent is not None and len(history) >= self._n_startup
+        can_model = self._model_open(history, digest, space, choice)
         arm, reason, extra = self._decide(
             study, history, digest, space, number, bool(moves), choice, can_model
         )
@@ -237,7 +255,7 @@ class AutoScoutSampler(BaseSampler):
         if arm == MODEL:
             # Proposed only once chosen: scoring the candidates is the arm's whole cost.
             rng = trial_rng(self._seed, number, "model")
-            proposal = planning.model_proposal(history, space, rng)
+            proposal = planning.model_proposal(history, space, rng, self._model_memo)
             if proposal is None:
                 arm, reason = EXPLORE, "model arm: no untried structure among its candidates; MCTS"
             else:
@@ -278,6 +296,21 @@ class AutoScoutSampler(BaseSampler):
         self._cache.store(trial, PLAN_KEY, plan)
         self._cache.store(trial, _keys.ARM, arm)
         self._arm_sampler(arm).before_trial(study, trial)
+
+    def _model_open(
+        self, history: Sequence[Any], digest: Any, space: planning.ObservedSpace,
+        choice: planning.RefineChoice | None,
+    ) -> bool:
+        """Whether the model arm may propose (step 6 of the class docstring)."""
+        if not self._model_arm or digest.incumbent() is None or len(history) < self._n_startup:
+            return False
+        if self._model_after == 0:
+            return True
+        if not planning.structure_settled(history, self._model_after,
+                                          best=digest.best.get("real")):
+            return False
+        refining = bool(space.dense) and self._dense_optimizer and choice is not None
+        return not refining or choice.stale >= choice.patience
 
     def _decide(
         self, study: optuna.Study, history: Sequence[Any], digest: Any,
