@@ -478,4 +478,3 @@ def test_a_layout_found_invalid_before_the_dense_knobs_is_not_proposed_again():
         # Start-up coverage is blind to failures; every arm after it avoids the failed prefix.
         assert all(t.user_attrs[_keys.ARM] == "startup" for t in invalid[1:])
         assert study.best_params["layout"] == "c"
-

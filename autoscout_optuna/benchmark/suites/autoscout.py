@@ -175,8 +175,9 @@ def suites(quick: bool = False) -> list[Suite]:
             n_seeds=LONG_SEEDS,
             budgets=(20, 50, 100, 200, LONG_TRIALS),
             description=(
-                f"AutoScoutSampler, MCTSSampler alone and Optuna's TPE, CMA-ES and random "
-                f"search with {LONG_TRIALS} trials: trials to 95 % and 99 % of the optimum "
+                "AutoScoutSampler, the same without its model arm, MCTSSampler alone and "
+                f"Optuna's TPE, CMA-ES and random search with {LONG_TRIALS} trials: trials to "
+                "95 % and 99 % of the optimum "
                 "where the 100-trial suite censors them (the issue's 'at most a tenth of "
                 "TPE's trials'), and whether a search keeps improving after 100 trials."
             ),

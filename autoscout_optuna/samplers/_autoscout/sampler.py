@@ -247,7 +247,7 @@ class AutoScoutSampler(BaseSampler):
         if self._neighbour_arm and incumbent is not None and len(history) >= self._n_startup:
             moves = planning.untried_neighbours(history, space, incumbent)
         choice = planning.refine_choice(pending, digest, space, estimator=self._reward)
-        can_model = self._model_open(history, digest, space, choice)
+        can_model = self._model_open(history, digest, space, choice, incumbent)
         arm, reason, extra = self._decide(
             study, history, digest, space, number, bool(moves), choice, can_model
         )
@@ -299,10 +299,10 @@ class AutoScoutSampler(BaseSampler):
 
     def _model_open(
         self, history: Sequence[Any], digest: Any, space: planning.ObservedSpace,
-        choice: planning.RefineChoice | None,
+        choice: planning.RefineChoice | None, incumbent: Any,
     ) -> bool:
         """Whether the model arm may propose (step 6 of the class docstring)."""
-        if not self._model_arm or digest.incumbent() is None or len(history) < self._n_startup:
+        if not self._model_arm or incumbent is None or len(history) < self._n_startup:
             return False
         if self._model_after == 0:
             return True

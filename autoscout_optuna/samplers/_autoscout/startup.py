@@ -22,9 +22,9 @@ def least_covered(
     if not values:
         raise ValueError("values must not be empty")
     counts = np.zeros(len(values))
-    index = {_key(v): i for i, v in enumerate(values)}
+    index = {choice_key(v): i for i, v in enumerate(values)}
     for value in seen:
-        i = index.get(_key(value))
+        i = index.get(choice_key(value))
         if i is not None:
             counts[i] += 1
     candidates = np.flatnonzero(counts == counts.min())
@@ -48,7 +48,7 @@ def infer_conditions(
     for params in param_sets:
         for q in structural:
             if q in params:
-                all_values.setdefault(q, set()).add(_key(params[q]))
+                all_values.setdefault(q, set()).add(choice_key(params[q]))
     names = sorted({name for params in param_sets for name in params} if of is None else of)
     conditions: dict[str, dict[str, list[Any]]] = {}
     for p in names:
@@ -58,12 +58,12 @@ def infer_conditions(
         for q in structural:
             if q == p or not all(q in params for params in having):
                 continue
-            under = {_key(params[q]): params[q] for params in having}
+            under = {choice_key(params[q]): params[q] for params in having}
             if set(under) < all_values.get(q, set()):
                 conditions.setdefault(p, {})[q] = [under[k] for k in sorted(under, key=repr)]
     return conditions
 
 
-def _key(value: Any) -> Hashable:
+def choice_key(value: Any) -> Hashable:
     # Optuna categorical choices may be None, bool, int, float or str; bool and int must differ.
     return (type(value).__name__, value)

@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from autoscout_optuna.samplers._autoscout.startup import choice_key
 from autoscout_optuna.samplers._mcts.encoding import value_key
-from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility, numeric_values
+from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility, numeric_values, one_hot
 from autoscout_optuna.samplers._mcts.tree import ABSENT, unique_rows
 
 # Ridge prior precision on the one-hot weights (standardized targets): about one trial's worth.
@@ -107,7 +108,7 @@ def propose_encoded(
     if scored.sum() < MIN_SCORED:
         return None
     n_values = [len(v) for v in value_lists]
-    offsets = np.concatenate([[0], np.cumsum(n_values)]).astype(int)
+    offsets = _offsets(value_lists)
     scored_scores = np.asarray(scores, dtype=float)[scored]
     weights = draw_weights(
         feature_indices(codes[scored], offsets), 1 + int(offsets[-1]),
@@ -189,10 +190,8 @@ def conditions_of(
     over the trials per pair of params."""
     codes = unique_rows(codes)[0] if len(codes) else codes
     asked = codes != ABSENT
-    offsets = np.concatenate([[0], np.cumsum([len(v) for v in value_lists])]).astype(int)
-    present = np.zeros((len(codes), int(offsets[-1])), dtype=bool)
-    rows, columns = np.nonzero(codes >= 0)
-    present[rows, offsets[columns] + codes[rows, columns]] = True
+    offsets = _offsets(value_lists)
+    present = one_hot(codes, offsets) > 0  # which value of each param a row took
     seen = present.any(axis=0)
     conditions: dict[str, dict[str, list[Any]]] = {}
     for p, name in enumerate(names):
@@ -206,13 +205,15 @@ def conditions_of(
             block = slice(offsets[q], offsets[q + 1])
             if (under[block] != seen[block]).any():  # some value of q never had p
                 values = [value_lists[q][k] for k in np.flatnonzero(under[block])]
-                conditions.setdefault(name, {})[names[q]] = sorted(values, key=_repr_key)
+                # in the order infer_conditions gives: by the repr of the value's key
+                conditions.setdefault(name, {})[names[q]] = sorted(
+                    values, key=lambda v: repr(choice_key(v)))
     return conditions
 
 
-def _repr_key(value: Any) -> str:
-    # the order infer_conditions gives (it sorts by the repr of its value keys)
-    return repr((type(value).__name__, value))
+def _offsets(value_lists: Sequence[Sequence[Any]]) -> np.ndarray:
+    """Where each param's block of one-hot columns starts (and, last, their total)."""
+    return np.concatenate([[0], np.cumsum([len(v) for v in value_lists])]).astype(int)
 
 
 def log_scores(scores: np.ndarray) -> np.ndarray:
