@@ -256,6 +256,43 @@ def test_startup_covers_every_structural_value_and_shares_dense_values():
     assert len({(t.params["x"], t.params["lr"]) for t in study.trials}) == 1
 
 
+def _fails_at_once(trial):
+    layout = trial.suggest_categorical("layout", ["a", "b", "c"])
+    if layout == "c":
+        raise Infeasible("invalid_layout", "c never splits")
+    width = trial.suggest_categorical("width", [1, 2, 3, 4])
+    x = trial.suggest_float("x", 0.0, 1.0)
+    return {"a": 0.0, "b": 1.0}[layout] + 0.5 * width - (x - 0.3) ** 2
+
+
+@pytest.mark.parametrize("mode", ["mcts", "coverage"])
+def test_startup_structures_come_from_the_chosen_startup(mode):
+    sampler = AutoScoutSampler(seed=0, n_startup_trials=6, startup=mode)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.optimize(_fails_at_once, n_trials=6, catch=(Infeasible,))
+    assert [t.user_attrs[_keys.ARM] for t in study.trials] == ["startup"] * 6
+    # The first trial has nothing to plan from; after it, MCTS records its path when it decides.
+    served_by_mcts = ["mcts:path" in t.user_attrs for t in study.trials[1:]]
+    assert all(served_by_mcts) if mode == "mcts" else not any(served_by_mcts)
+    assert all(("MCTS" in t.user_attrs[_keys.REASON]) == (mode == "mcts")
+               for t in study.trials[1:])
+
+
+def test_mcts_startup_fails_less_than_blind_coverage_and_covers_as_much():
+    failures, widths = {}, {}
+    for mode in ("mcts", "coverage"):
+        for seed in range(6):
+            study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(
+                seed=seed, n_startup_trials=9, startup=mode))
+            study.optimize(_fails_at_once, n_trials=9, catch=(Infeasible,))
+            failures[mode, seed] = sum(t.state == TrialState.FAIL for t in study.trials)
+            widths[mode, seed] = {t.params["width"] for t in study.trials if "width" in t.params}
+    # Blind coverage returns to the layout that fails at once every third trial.
+    assert all(failures["coverage", seed] == 3 for seed in range(6))
+    assert sum(failures["mcts", seed] for seed in range(6)) < 3 * 6
+    assert all(widths[key] == {1, 2, 3, 4} for key in widths)
+
+
 def test_explore_dense_values_come_from_the_incumbent():
     transplant = TransplantSampler(seed=0)
     study = optuna.create_study(sampler=AutoScoutSampler(
@@ -366,6 +403,7 @@ def test_transplant_without_plan_samples_inside_the_domain():
     "kwargs, word",
     [
         ({"n_startup_trials": -1}, "n_startup_trials"),
+        ({"startup": "random"}, "startup"),
         ({"policy": "greedy"}, "policy"),
         ({"reward": "magic"}, "reward"),
         ({"estimate_weight": 2.0}, "estimate_weight"),
@@ -475,6 +513,6 @@ def test_a_layout_found_invalid_before_the_dense_knobs_is_not_proposed_again():
         invalid = [t for t in study.trials
                    if t.params.get("layout") == "c" and t.params.get("width") == 4]
         assert invalid, "the invalid layout is never tried: the test shows nothing"
-        # Start-up coverage is blind to failures; every arm after it avoids the failed prefix.
-        assert all(t.user_attrs[_keys.ARM] == "startup" for t in invalid[1:])
+        # Every arm, start-up included (its structures come from MCTS), avoids the prefix.
+        assert len(invalid) == 1
         assert study.best_params["layout"] == "c"

@@ -4,7 +4,8 @@ Suites:
 
 - ``autoscout``: AutoScoutSampler vs random, TPE, GP and CMA-ES on the reference studies, plus
   the ablations the paper reports (fixed alternation instead of the bandit, no dense optimizer,
-  no feature prioritization, naive reward instead of difference-in-differences).
+  no feature prioritization, naive reward instead of difference-in-differences), and blind
+  start-up coverage instead of MCTS's.
 - ``autoscout-long``: AutoScout, AutoScout without the model arm, MCTSSampler alone, TPE,
   CMA-ES and random search with ``LONG_TRIALS`` trials, for the trials to 99 % that 100
   trials censor.
@@ -41,6 +42,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "variant: + neighbour arm": {"neighbour_arm": True},
     "ablation: no model arm": {"model_arm": False},
     "variant: model arm from the start": {"model_after": 0},
+    "ablation: blind start-up coverage": {"startup": "coverage"},
 }
 
 
@@ -160,8 +162,9 @@ def suites(quick: bool = False) -> list[Suite]:
                 "incumbent) instead of difference-in-differences; no model arm (a structure "
                 "proposed by a log-additive model of all scores, opened once the structure "
                 "search and the refinements are spent) and that arm open from the start; the "
-                "optional neighbour arm (one structural change of the incumbent); and "
-                "MCTSSampler alone. "
+                "optional neighbour arm (one structural change of the incumbent); start-up "
+                "coverage blind to failures (each structural param its least-tried value) "
+                "instead of MCTS's; and MCTSSampler alone. "
                 "Scored on the noiseless "
                 f"reference value; GP runs {baselines.GP_SEEDS} seeds (its per-trial cost)."
             ),

@@ -32,8 +32,8 @@ from autoscout_optuna.samplers._autoscout.surrogate import (
 )
 
 ARMED = ("explore", "neighbour", "model", "refine")
-# Arms that propose a structure (the others keep one and move dense knobs).
-STRUCTURE_ARMS = ("explore", "neighbour", "model")
+# Arms that propose a structure (refine keeps one and moves dense knobs).
+STRUCTURE_ARMS = ("startup", "explore", "neighbour", "model")
 # Refinement trials per dense knob a structure gets without a gain before it counts as tuned
 # out. Three (a probe either way along every coordinate, then one step) wrote structures off
 # too early: on llm_serving (4 dense knobs, noisy) gains kept coming after 12 flat trials.
@@ -369,8 +369,8 @@ def structure_settled(
 
 
 def exploring_succeeds(history: Sequence[Seen], last: int = 5) -> bool:
-    """Whether one of the ``last`` finished structure proposals (explore, neighbour, model
-    trials) ended with a value."""
+    """Whether one of the ``last`` finished structure proposals (start-up, explore, neighbour,
+    model trials) ended with a value."""
     kinds = list(itertools.islice(
         (o.kind for o in reversed(history)
          if o.arm in STRUCTURE_ARMS and o.kind != "pending"), last))

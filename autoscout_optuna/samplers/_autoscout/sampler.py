@@ -29,6 +29,10 @@ CONDITIONS_KEY = "autoscout:conditions"
 TARGET_KEY = "autoscout:refine_target"
 MOVE_KEY = "autoscout:move"
 MODEL_KEY = "autoscout:model"
+# System attr: the sub-sampler that serves the trial's params, where it is not the arm's own
+# (start-up trials whose structure MCTS proposes). Absent: the arm's sampler.
+SERVED_KEY = "autoscout:served_by"
+STARTUP_MODES = ("mcts", "coverage")
 
 
 class AutoScoutSampler(BaseSampler):
@@ -37,11 +41,18 @@ class AutoScoutSampler(BaseSampler):
 
     Each trial starts (``before_trial``) by reading the whole history from storage:
 
-    1. **Start-up** (the first ``n_startup_trials``): every structural param takes its
-       least-tried value; dense knobs are shared (the centre, then the incumbent's) while
-       structural values are met for the first time, so structures are compared fairly, then
-       random. The dependency tree seen so far is recorded (user attr
-       ``autoscout:conditions``).
+    1. **Start-up** (the first ``n_startup_trials``): the explore arm's MCTS proposes each
+       structure before the bandit decides anything. Its tree tries every untried value of a
+       level before any value twice, so the start-up covers the structure space, and it steers
+       away from failed prefixes and from structures its feasibility model expects to fail.
+       Dense knobs are shared (the centre, then the incumbent's), so structures are compared
+       fairly. The dependency tree seen so far is recorded (user attr
+       ``autoscout:conditions``). Against blind coverage (``startup="coverage"``: each
+       structural param its least-tried value), seeds 40-199, 100 trials: the first 8 trials
+       cover as many values per param (3.3 against 3.3 on ``llm_training``, 2.4 on
+       ``llm_serving``) and fail less often (8B 58 -> 43 %, 70B 85 -> 72 %, serving 75 ->
+       45 %); paired best/optimum at 20 trials +0.018 / +0.043 / +0.068 (8B / 70B / serving),
+       at 100 trials +0.005 / +0.004 / +0.010.
     2. **Bandit** over the arms that have something to decide: ``explore``
        (:class:`~autoscout_optuna.MCTSSampler`; its dense knobs get the incumbent's values, so
        a new structure starts from the best dense setting known) and ``refine``
@@ -126,7 +137,10 @@ class AutoScoutSampler(BaseSampler):
 
     Args:
         seed: Seed of every random choice (None: random).
-        n_startup_trials: Trials of start-up coverage before the bandit decides.
+        n_startup_trials: Start-up trials before the bandit decides (step 1).
+        startup: ``"mcts"`` (MCTS proposes the start-up structures, step 1) or
+            ``"coverage"`` (the ablation: each structural param takes its least-tried value,
+            blind to failures).
         policy: ``"thompson"`` (the bandit) or ``"alternate"`` (ablation: fixed alternation).
         reward: ``"did"`` (difference-in-differences) or ``"naive"`` (ablation: difference to
             the incumbent).
@@ -161,6 +175,7 @@ class AutoScoutSampler(BaseSampler):
         *,
         seed: int | None = None,
         n_startup_trials: int = 8,
+        startup: str = "mcts",
         policy: str = "thompson",
         reward: str = "did",
         dense_optimizer: bool = True,
@@ -186,6 +201,8 @@ class AutoScoutSampler(BaseSampler):
         _validate.integers(model_after=model_after)
         if model_after < 0:
             raise ValueError(f"model_after must be >= 0, got {model_after}")
+        if startup not in STARTUP_MODES:
+            raise ValueError(f"startup must be 'mcts' or 'coverage', got {startup!r}")
         if policy not in ("thompson", "alternate"):
             raise ValueError(f"policy must be 'thompson' or 'alternate', got {policy!r}")
         if reward not in ("did", "naive"):
@@ -198,6 +215,7 @@ class AutoScoutSampler(BaseSampler):
             raise ValueError(f"discount must be in (0, 1], got {discount}")
         self._seed = resolve_seed(seed)
         self._n_startup = n_startup_trials
+        self._startup_mode = startup
         self._policy = policy
         self._reward = reward
         self._dense_optimizer = dense_optimizer
@@ -268,9 +286,12 @@ class AutoScoutSampler(BaseSampler):
             ranked = planning.rank_moves(history, moves)
             move = ranked[0] if rng.random() < 0.8 else ranked[int(rng.integers(len(ranked)))]
             set_user_attr(study, trial, MOVE_KEY, list(move))
+        # Start-up structures come from MCTS once there is a structural param to decide.
+        served = EXPLORE if arm == STARTUP and self._startup_mode == "mcts" \
+            and space.structural else arm
         rng = trial_rng(self._seed, number, "startup-coverage")
         plan = planning.make_plan(
-            history, digest, space, incumbent, startup=arm == STARTUP, rng=rng, move=move,
+            history, digest, space, incumbent, startup=served == STARTUP, rng=rng, move=move,
             structure=None if proposal is None else proposal.values,
         )
         set_user_attr(study, trial, _keys.ARM, arm)
@@ -287,7 +308,9 @@ class AutoScoutSampler(BaseSampler):
             conditions = planning.conditions(history, space)
             set_user_attr(study, trial, CONDITIONS_KEY, conditions)
         set_system_attr(study, trial, PLAN_KEY, plan)
-        if arm == EXPLORE:
+        if served != arm:
+            set_system_attr(study, trial, SERVED_KEY, served)
+        if served == EXPLORE:
             # MCTS then avoids only structures already run with these very dense values: a
             # known structure with the incumbent's newer dense values is a new configuration
             # (and often a good one), while the exact repeat would waste the trial.
@@ -295,7 +318,8 @@ class AutoScoutSampler(BaseSampler):
             set_system_attr(study, trial, EXPLORE_FIXED_KEY, dense)
         self._cache.store(trial, PLAN_KEY, plan)
         self._cache.store(trial, _keys.ARM, arm)
-        self._arm_sampler(arm).before_trial(study, trial)
+        self._cache.store(trial, SERVED_KEY, served)
+        self._arm_sampler(served).before_trial(study, trial)
 
     def _model_open(
         self, history: Sequence[Any], digest: Any, space: planning.ObservedSpace,
@@ -319,7 +343,9 @@ class AutoScoutSampler(BaseSampler):
     ) -> tuple[str, str, dict[str, Any]]:
         started = len(history)
         if started < self._n_startup:
-            return STARTUP, f"start-up coverage {started + 1}/{self._n_startup}", {}
+            how = "MCTS proposes the structure" if self._startup_mode == "mcts" \
+                and space.structural else "coverage"
+            return STARTUP, f"start-up {started + 1}/{self._n_startup}: {how}", {}
         if digest.incumbent() is None:
             if space.structural:
                 # Coverage draws each param on its own, blind to what failed; MCTS avoids the
@@ -378,7 +404,8 @@ class AutoScoutSampler(BaseSampler):
 
     def _chosen(self, study: optuna.Study, trial: FrozenTrial) -> BaseSampler:
         _validate.single_objective(study, type(self).__name__)
-        arm = self._cache.lookup(study, trial, _keys.ARM)
+        served = self._cache.lookup(study, trial, SERVED_KEY)
+        arm = served or self._cache.lookup(study, trial, _keys.ARM)
         return self._arm_sampler(arm or STARTUP)
 
     def infer_relative_search_space(

@@ -1,10 +1,11 @@
 """Start-up coverage and what it learns (pure: value lists and counts in, choices out).
 
-Before the bandit has evidence, each structural param takes its least-tried value (ties broken
-at random), counting every earlier trial that had the param, pending ones included so parallel
-workers spread out. Counts are per param among the trials that reached it, so a conditional knob
-is covered within the branches that expose it. Along the way, :func:`infer_conditions` reads
-which knob appears only under which upstream values (the dependency tree, as seen so far).
+Blind start-up coverage (``AutoScoutSampler(startup="coverage")``, the ablation of MCTS's
+start-up): each structural param takes its least-tried value (ties broken at random), counting
+every earlier trial that had the param, pending ones included so parallel workers spread out.
+Counts are per param among the trials that reached it, so a conditional knob is covered within
+the branches that expose it. Either way, :func:`infer_conditions` reads which knob appears only
+under which upstream values (the dependency tree, as seen so far).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ It plays back a per-trial *plan* (``{"values": {param: value}, "unseen_dense": "
   of the domain. A new structure is so tried at the incumbent's stage of dense tuning, which is
   what makes the difference-in-differences comparison with the incumbent fair (and keeps
   exploration from wasting trials on untuned dense knobs).
-* structural params during start-up: the least-covered value.
+* structural params during blind start-up coverage (``startup="coverage"``): the
+  least-covered value (MCTS decides them in every other trial).
 
 Anything the plan does not cover (a param never seen, a changed domain, no plan at all) is drawn
 uniformly from a generator derived from (seed, trial number, param name).
