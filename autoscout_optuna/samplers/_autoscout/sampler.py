@@ -162,7 +162,8 @@ class AutoScoutSampler(BaseSampler):
         model_after: Structure proposals the lead structure must hold against before the
             model arm opens (step 6); 0 opens it as soon as there is an incumbent, without
             waiting for the refine arm either.
-        explore_sampler: Replaces the MCTS arm (its dense knobs are its own business then).
+        explore_sampler: Replaces the MCTS arm, start-up included (its dense knobs are its
+            own business then).
         refine_sampler: Replaces the coordinate-descent arm.
     """
 
