@@ -87,6 +87,7 @@ BAD_ARGUMENTS = {
     "AutoScoutSampler": {
         "seed": ["0", 1.5, [1]],
         "n_startup_trials": [-1, 2.5, "3", None],
+        "startup": ["random", None, 1, ["mcts"]],
         "policy": ["ucb", None],
         "reward": ["diff", None],
         "estimate_weight": [1.5, -0.1, NAN, "0.5", None],
