@@ -287,9 +287,7 @@ class AutoScoutSampler(BaseSampler):
             ranked = planning.rank_moves(history, moves)
             move = ranked[0] if rng.random() < 0.8 else ranked[int(rng.integers(len(ranked)))]
             set_user_attr(study, trial, MOVE_KEY, list(move))
-        # Start-up structures come from MCTS once there is a structural param to decide.
-        served = EXPLORE if arm == STARTUP and self._startup_mode == "mcts" \
-            and space.structural else arm
+        served = self._served_by(arm, space)
         rng = trial_rng(self._seed, number, "startup-coverage")
         plan = planning.make_plan(
             history, digest, space, incumbent, startup=served == STARTUP, rng=rng, move=move,
@@ -322,6 +320,13 @@ class AutoScoutSampler(BaseSampler):
         self._cache.store(trial, SERVED_KEY, served)
         self._arm_sampler(served).before_trial(study, trial)
 
+    def _served_by(self, arm: str, space: planning.ObservedSpace) -> str:
+        """The arm whose sampler serves a trial of ``arm``: start-up structures come from MCTS
+        (``startup="mcts"``) once there is a structural param to decide."""
+        if arm == STARTUP and self._startup_mode == "mcts" and space.structural:
+            return EXPLORE
+        return arm
+
     def _model_open(
         self, history: Sequence[Any], digest: Any, space: planning.ObservedSpace,
         choice: planning.RefineChoice | None, incumbent: Any,
@@ -344,8 +349,8 @@ class AutoScoutSampler(BaseSampler):
     ) -> tuple[str, str, dict[str, Any]]:
         started = len(history)
         if started < self._n_startup:
-            how = "MCTS proposes the structure" if self._startup_mode == "mcts" \
-                and space.structural else "coverage"
+            how = "MCTS proposes the structure" if self._served_by(STARTUP, space) == EXPLORE \
+                else "coverage"
             return STARTUP, f"start-up {started + 1}/{self._n_startup}: {how}", {}
         if digest.incumbent() is None:
             if space.structural:
