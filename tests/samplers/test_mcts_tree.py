@@ -117,6 +117,32 @@ def test_plan_does_not_repeat_a_configuration_already_evaluated():
     assert tuple(s.code for s in steps) == (0, 0)
 
 
+def test_a_revision_does_not_complete_a_failed_prefix_while_another_child_is_left():
+    # Both completions of the best prefix (0) were taken, so the plan is revised at the top.
+    # Value 1 failed as soon as it was chosen (the row lacks column 1); value 2 has a path
+    # left, (2, 1). The exploration bonus ranks the once-visited failure above value 2, but
+    # a revision, like the descent, must not complete a failed prefix while another child is
+    # left.
+    codes, rewards = _table(
+        [[0, 0], [0, 1], [1, ABSENT]] + [[2, 0]] * 5, [1.0, 0.9, -0.05] + [0.1] * 5
+    )
+    failed = np.array([False, False, True] + [False] * 5)
+    policy = TreePolicy(exploration=1.0, rave_equivalence=0.0, rave_visit_share=0.0)
+    for seed in range(5):
+        steps = plan_path(
+            codes, [3, 2], rewards, np.ones(8), [0, 1], {}, np.random.default_rng(seed),
+            policy, failed=failed,
+        )
+        assert [s.code for s in steps] == [2, 1]
+    # With no other child left, the failed prefix is still completed rather than nothing.
+    crowded = np.vstack([codes, [[2, 1]]])
+    steps = plan_path(
+        crowded, [3, 2], np.append(rewards, 0.1), np.ones(9), [0, 1], {},
+        np.random.default_rng(0), policy, failed=np.append(failed, False),
+    )
+    assert steps[0].code == 1
+
+
 def test_plan_with_everything_evaluated_still_returns_a_full_path():
     codes, rewards = _table([[0, 0], [0, 1], [1, 0], [1, 1]], [0.0, 0.1, 0.5, 1.0])
     steps = plan_path(

@@ -103,19 +103,27 @@ def plan_path(
     # The revisions' descents draw from a stream of their own, so skipping a revision that can
     # only repeat (below) changes neither the choices of the others nor what comes after.
     revision_rng = np.random.default_rng(int(rng.integers(2**63)))
+    failed_codes = codes[failed] if failed is not None else codes[:0]
     for level in range(len(steps) - 1, -1, -1):
         head = steps[:level]
-        scores = _scores_at(
-            codes, n_values, rewards, weights, head, steps[level].column, policy, stats
-        )
-        tried = np.zeros(n_values[steps[level].column], dtype=bool)
+        column = steps[level].column
+        scores = _scores_at(codes, n_values, rewards, weights, head, column, policy, stats)
+        tried = np.zeros(n_values[column], dtype=bool)
         tried[steps[level].code] = True
+        # The same rule as the descent's: a child that completes a failed prefix waits until
+        # no other untried child is left (else a revision proposes a known failure again).
+        alive = _DeadEnds(failed_codes, {s.column: s.code for s in head}).allowed(
+            column, n_values[column]
+        )
         while budget > 0 and not tried.all():
             budget -= 1
-            alt = pick(scores.score, rng, allowed=~tried)
+            allowed = ~tried
+            if alive is not None and (allowed & alive).any():
+                allowed &= alive
+            alt = pick(scores.score, rng, allowed=allowed)
             tried[alt] = True
             first = Step(
-                steps[level].column, alt, float(scores.score[alt]), float(scores.value[alt]),
+                column, alt, float(scores.score[alt]), float(scores.value[alt]),
                 float(scores.visits[alt]),
             )
             candidate = head + [first]
