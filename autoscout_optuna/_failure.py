@@ -9,7 +9,14 @@ class Infeasible(Exception):
     """A configuration that cannot run: out of memory, invalid layout, SLO miss, crash.
 
     Raise it from an objective; pass ``catch=(Infeasible,)`` to ``study.optimize`` (the CLI and
-    benchmark do) so the trial ends FAIL with its reason recorded and the study goes on.
+    benchmark do) so the trial ends FAIL and the study goes on. The objectives this package
+    builds (:func:`autoscout_optuna.fidelity.multi_fidelity_objective`, the CLI's, the
+    benchmark's) also record the reason as user attr ``failure_reason``; a hand-written
+    objective records it with ``trial.set_user_attr("failure_reason", reason)`` before raising.
+
+    A recorded reason that starts with ``invalid`` or ``unsupported`` says the config broke a
+    rule of the system (see :func:`breaks_a_rule`): MCTS then learns which pair of structural
+    choices the rule forbids, where a resource failure (``oom``) only says "too heavy".
 
     Args:
         reason: Short machine-readable class, such as ``"oom"`` or ``"invalid_layout"``.
@@ -20,3 +27,16 @@ class Infeasible(Exception):
         self.reason = reason
         self.detail = detail
         super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+# Reasons that name a rule of the system under test (an argument check, an unsupported pairing)
+# rather than a resource running out: such a config fails whatever the memory or time, and so
+# does every config that repeats its offending choices.
+RULE_REASON_PREFIXES = ("invalid", "unsupported")
+
+
+def breaks_a_rule(reason: object) -> bool:
+    """Whether a failure ``reason`` (see :class:`Infeasible`) is a broken rule, not a resource
+    limit: ``invalid_layout``, ``invalid_combination``, ``invalid_config``, ``unsupported``...
+    yes; ``oom``, ``timeout``, ``nan``, ``slo_miss``, an unknown or missing reason, no."""
+    return isinstance(reason, str) and reason.startswith(RULE_REASON_PREFIXES)

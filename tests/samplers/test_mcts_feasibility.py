@@ -108,7 +108,8 @@ def test_an_accepted_promising_path_is_run_even_if_a_rejected_one_was_safer(monk
     model = types.SimpleNamespace(p_fail=lambda row: np.array([p_of_code[int(row[0])]]))
     monkeypatch.setattr(plan_module, "fit_feasibility", lambda *a, **k: model)
     table = types.SimpleNamespace(
-        values=[["a", "b"]], kinds=["real"], codes=np.array([[0]]), positions=np.array([[0]])
+        values=[["a", "b"]], kinds=["real"], codes=np.array([[0]]), positions=np.array([[0]]),
+        broke_rule=np.zeros(1, dtype=bool),
     )
     evidence = plan_module.Evidence(table, np.array([0.5]), np.array([1.0]))
     steps, record = plan_module._feasible_path(

@@ -11,10 +11,12 @@ from typing import Any
 import numpy as np
 from optuna.distributions import BaseDistribution
 
+from autoscout_optuna._failure import breaks_a_rule
 from autoscout_optuna._history import Observation
+from autoscout_optuna._keys import FAILURE_REASON
 from autoscout_optuna._space import discrete_values
 from autoscout_optuna.samplers._mcts.tournament import Dependencies, DependencyLearner
-from autoscout_optuna.samplers._mcts.tree import ABSENT, ESTIMATE, OTHER, REAL
+from autoscout_optuna.samplers._mcts.tree import ABSENT, ESTIMATE, FAILED, OTHER, REAL
 
 ORDER_KEY = "mcts:order"
 
@@ -56,6 +58,8 @@ class Table:
         dependencies: What the finished rows say about conditional params (see
             :func:`~autoscout_optuna.samplers._mcts.tournament.learn_dependencies`), learned
             row by row as trials finish; None: not learned yet.
+        broke_rule: Per row, whether it failed on a broken rule rather than a resource limit
+            (:func:`autoscout_optuna._failure.breaks_a_rule` of its ``failure_reason``).
     """
 
     names: list[str]
@@ -70,6 +74,7 @@ class Table:
     dense: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     dense_values: list[tuple[tuple[str, Any], ...]] = field(default_factory=list)
     dependencies: Dependencies | None = None
+    broke_rule: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def column_of(self, name: str) -> int | None:
         try:
@@ -122,6 +127,7 @@ class TableBuilder:
         self._stack: tuple[np.ndarray, ...] | None = None
         self._stacked_kinds: list[str] = []  # kinds and scores of the stacked rows, in order
         self._stacked_scores: list[float | None] = []
+        self._stacked_rules: list[bool] = []
 
     @property
     def n_settled(self) -> int:
@@ -183,6 +189,7 @@ class TableBuilder:
             self._stacked = numbers
             self._stacked_kinds += [self._finished[n].kind for n in new]
             self._stacked_scores += [self._finished[n].score for n in new]
+            self._stacked_rules += [_broke_rule(self._finished[n]) for n in new]
         pending_sorted = sorted(pending, key=lambda o: o.number)
         blocks = [] if self._stack is None else [self._stack]
         if pending_sorted:
@@ -220,7 +227,12 @@ class TableBuilder:
             dense=dense,
             dense_values=list(self._dense_ids),
             dependencies=self._learner.dependencies(),
+            broke_rule=np.array(self._stacked_rules + [False] * len(pending_sorted), dtype=bool),
         )
+
+
+def _broke_rule(obs: Observation) -> bool:
+    return obs.kind == FAILED and breaks_a_rule(obs.user_attrs.get(FAILURE_REASON))
 
 
 def _note(obs: Observation, first_seen: dict, latest: dict) -> None:

@@ -195,6 +195,7 @@ def _feasible_path(
     model = fit_feasibility(
         table.codes, n_values, failed, (kinds == REAL) | (kinds == ESTIMATE),
         numeric=[numeric_values(values) for values in table.values], positions=table.positions,
+        broke_rule=table.broke_rule,
     )
     codes, rewards, weights = table.codes, evidence.rewards, evidence.weights
     partial = failed | (kinds == PENDING)
