@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from autoscout_optuna.samplers._mcts.descent import _bits
+
 
 def rule_pairs(codes: np.ndarray, broke: np.ndarray, feasible: np.ndarray) -> np.ndarray:
     """The pairs behind the rule failures ``broke``, in ``prefix.dead_pairs``'s row format
@@ -25,18 +27,24 @@ def rule_pairs(codes: np.ndarray, broke: np.ndarray, feasible: np.ndarray) -> np
         broke: Mask of the full-length rows that failed on a rule.
         feasible: Mask of the rows that ended with a value.
     """
-    counts: dict[tuple[int, int, int, int], int] = {}
+    failures, repeats = np.unique(codes[broke], axis=0, return_counts=True)
+    if not len(failures):
+        return np.zeros((0, 5), dtype=np.int64)
+    # Which feasible rows made each choice, as an int bit mask: a pair was seen to work when
+    # its two masks share a bit (one ``&`` per pair, whatever the number of rows).
     ok = codes[feasible]
-    for f in np.flatnonzero(broke):
-        taken = np.flatnonzero(codes[f] >= 0)
-        # Which pairs of this row's choices some feasible row also made (a p x p matrix).
-        same = (ok[:, taken] == codes[f, taken]).astype(np.int64)
-        seen = (same.T @ same) > 0
-        for a in range(len(taken)):
-            for b in range(a + 1, len(taken)):
-                if not seen[a, b]:
-                    i, j = int(taken[a]), int(taken[b])
-                    key = (i, int(codes[f, i]), j, int(codes[f, j]))
-                    counts[key] = counts.get(key, 0) + 1
+    made: dict[tuple[int, int], int] = {}
+    for column in range(codes.shape[1]):
+        for code in np.unique(failures[:, column]):
+            if code >= 0:
+                made[(column, int(code))] = _bits(ok[:, column] == code)
+    counts: dict[tuple[int, int, int, int], int] = {}
+    for row, n in zip(failures, repeats, strict=True):
+        choices = [(int(j), int(row[j])) for j in np.flatnonzero(row >= 0)]
+        for a, first in enumerate(choices):
+            for second in choices[a + 1:]:
+                if not made[first] & made[second]:
+                    key = (*first, *second)
+                    counts[key] = counts.get(key, 0) + int(n)
     rows = [[*key, n] for key, n in counts.items() if n >= 2]
     return np.array(rows, dtype=np.int64).reshape(-1, 5)
