@@ -26,7 +26,7 @@ import numpy as np
 
 from autoscout_optuna.samplers._mcts.monotone import DominanceModel, fit_dominance
 from autoscout_optuna.samplers._mcts.prefix import dead_pairs, p_dead
-from autoscout_optuna.samplers._mcts.rules import rule_pairs
+from autoscout_optuna.samplers._mcts.rules import RulePatterns, rule_patterns
 from autoscout_optuna.samplers._mcts.tree import ABSENT, unique_rows
 
 # Ridge penalty on the weights (not the intercept): with a few dozen rows and ~30 one-hot
@@ -48,13 +48,15 @@ class FeasibilityModel:
     intercept: float = 0.0
     dominance: DominanceModel | None = None
     dead: np.ndarray | None = None
+    rules: RulePatterns | None = None
 
     def p_fail(self, codes: np.ndarray) -> np.ndarray:
         """P(FAIL) of each row of ``codes`` (a 1-D path is one row); 0 without a model.
 
         The monotone rule overrides the logistic where it applies: no heavier than a known
         success, 0; at least as heavy as a known failure, ``DOMINATED_P_FAIL``. A dead pair
-        of choices (``prefix.py``) raises it further.
+        of choices (``prefix.py``) or the shared choices of rule failures (``rules.py``)
+        raise it further.
         """
         rows = np.atleast_2d(codes)
         p = np.zeros(len(rows))
@@ -67,6 +69,8 @@ class FeasibilityModel:
             p = np.where(fails, np.maximum(p, DOMINATED_P_FAIL), p)
         if self.dead is not None:
             p = np.maximum(p, p_dead(rows, self.dead))
+        if self.rules is not None:
+            p = np.maximum(p, self.rules.p_fail(rows))
         return p
 
 
@@ -92,9 +96,9 @@ def fit_feasibility(
             that failed on their prefix name dead pairs of choices (``prefix.py``).
         broke_rule: Mask of the failed rows whose reason was a broken rule, not a resource
             limit (:func:`autoscout_optuna._failure.breaks_a_rule`). Full-length ones name
-            the pairs they share (``rules.py``). They stay in the logistic fit too: taken out
-            of it (seeds 40-119, 100 trials), 70B lost 0.009 at 100 trials and 6 of 30 seeds
-            at 95 %, for no fewer failures.
+            the choices they share (``rules.py``). They stay in the logistic fit too: taken
+            out of it (seeds 40-119, 100 trials, with the rule pairs of 876ad6b), 70B lost
+            0.009 at 100 trials and 6 of 30 seeds at 95 %, for no fewer failures.
 
     Returns:
         The model; without a feasible row it predicts 0, without a full-length failed row
@@ -108,11 +112,11 @@ def fit_feasibility(
     dead = None
     if positions is not None:
         dead = dead_pairs(codes, positions, failed, failed & ~full_failed)
+    rules = None
     if broke_rule is not None:
-        rules = rule_pairs(codes, full_failed & broke_rule, feasible)
-        dead = rules if dead is None else np.vstack([dead, rules])
+        rules = rule_patterns(codes, full_failed & broke_rule, feasible)
     if not full_failed.any():
-        return FeasibilityModel(offsets, None, dead=dead)
+        return FeasibilityModel(offsets, None, dead=dead, rules=rules)
     rows = full_failed | feasible
     trends = None if numeric is None else numeric_trends(numeric, offsets)
     weights, intercept = _logistic(
@@ -122,7 +126,7 @@ def fit_feasibility(
     if numeric is not None:
         per_column = [weights[offsets[j]: offsets[j + 1]] for j in range(len(n_values))]
         dominance = fit_dominance(codes, numeric, per_column, full_failed, feasible)
-    return FeasibilityModel(offsets, weights, intercept, dominance, dead)
+    return FeasibilityModel(offsets, weights, intercept, dominance, dead, rules)
 
 
 def _effective(theta: np.ndarray, lift: np.ndarray) -> np.ndarray:

@@ -83,10 +83,11 @@ class MCTSSampler(BaseSampler):
     monotone rule sharpens it: a path at least as heavy as a known failure along the directions
     the data give each ordinal knob fails, one no heavier than a known success fits. A failure
     whose recorded reason is a broken rule (user attr ``failure_reason`` starting with
-    ``invalid`` or ``unsupported``, such as CUDA graphs with ZeRO-3) is read as a forbidden
-    pair instead: the pair of choices two such failures share and no feasible trial made is
-    avoided from then on. An evaluated configuration is not proposed again. A share of trials exploits: greedy along the
-    best result, so the duplicate rule takes a local step from the incumbent.
+    ``invalid`` or ``unsupported``, such as CUDA graphs with ZeRO-3) is read as a rule
+    instead: a path that makes every choice two such failures share, where no feasible trial
+    made them all, is avoided from then on. An evaluated configuration is not proposed again.
+    A share of trials exploits: greedy along the best result, so the duplicate rule takes a
+    local step from the incumbent.
 
     Dense params (continuous, large ranges) go to ``fallback``.
 
