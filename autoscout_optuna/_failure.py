@@ -15,8 +15,8 @@ class Infeasible(Exception):
     objective records it with ``trial.set_user_attr("failure_reason", reason)`` before raising.
 
     A recorded reason that starts with ``invalid`` or ``unsupported`` says the config broke a
-    rule of the system (see :func:`breaks_a_rule`): MCTS then learns which pair of structural
-    choices the rule forbids, where a resource failure (``oom``) only says "too heavy".
+    rule of the system (see :func:`breaks_a_rule`): MCTS then avoids the structural choices two
+    such failures share, where a resource failure (``oom``) only says "too heavy".
 
     Args:
         reason: Short machine-readable class, such as ``"oom"`` or ``"invalid_layout"``.

@@ -1,4 +1,4 @@
-"""Broken rules: the pair of structural choices that full-length rule failures share."""
+"""Broken rules: the structural choices that full-length rule failures share."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Rule failures compared pairwise, the latest first: bounds the work (patterns grow with the
+# Only the latest rule failures are compared pairwise: bounds the work (patterns grow with the
 # square) in a study that keeps breaking rules.
 MAX_FAILURES = 48
 
@@ -53,6 +53,8 @@ def rule_patterns(codes: np.ndarray, broke: np.ndarray, feasible: np.ndarray) ->
         feasible: Mask of the rows that ended with a value.
     """
     failed = codes[np.flatnonzero(broke)[-MAX_FAILURES:]]
+    if len(failed) < 2:  # the common case, on every plan: no copy of the feasible rows
+        return RulePatterns((), (), np.zeros(0, dtype=np.int64))
     ok = codes[feasible]
     seen: set[tuple[tuple[int, int], ...]] = set()
     columns, values, counts = [], [], []
