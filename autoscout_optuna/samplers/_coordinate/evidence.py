@@ -121,11 +121,14 @@ def point_mean(evidence: Evidence, row: int) -> float:
     return float(np.mean(evidence.scores[same]))
 
 
-def choose_center(evidence: Evidence, confidence: float) -> tuple[int, int, float | None]:
+def choose_center(
+    evidence: Evidence, confidence: float, prior_noise: float | None = None
+) -> tuple[int, int, float | None]:
     """(center row, best-mean row, noise sigma) among the real rows.
 
     The center maximizes the lower confidence bound. Until two repeated measurements give a noise
-    estimate, a point measured once is trusted only when nothing else was measured.
+    estimate, the relative ``prior_noise`` (from elsewhere in the study) stands in for it;
+    without either, a point measured once is trusted only when nothing else was measured.
     """
     real = np.flatnonzero(evidence.kinds == REAL)
     _, first, inverse = np.unique(
@@ -142,6 +145,8 @@ def choose_center(evidence: Evidence, confidence: float) -> tuple[int, int, floa
         # Noise in absolute terms, or relative to the value (measurements such as throughput
         # are noisy in percent): whichever says less at the level of the best point.
         noise = min(pooled[0], pooled[1] * abs(float(np.max(means))))
+    elif prior_noise is not None:
+        noise = prior_noise * abs(float(np.max(means)))
     top = int(np.argmax(means))
     if noise is None:
         repeated = counts >= 2

@@ -18,12 +18,13 @@ from autoscout_optuna._keys import ORPHANED, STRUCTURE
 from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._space import MAX_STRUCTURAL_LEVELS, contains, from_unit, is_structural
 from autoscout_optuna._space import to_unit as _to_unit
-from autoscout_optuna.samplers._coordinate import search
+from autoscout_optuna.samplers._coordinate import prior, search
 
 _MAX_OPEN_PLANS = 256  # plans of trials in flight kept in memory (one per running trial)
 _KINDS = {"real": search.REAL, "estimate": search.ESTIMATE, "failed": search.FAILED,
           "pending": search.PENDING}
 _TRUSTED_KINDS = dict(_KINDS, estimate=search.REAL)  # estimates count as measurements
+_LINE_PHASES = ("probe", "step")  # moves along one coordinate from a center
 
 
 class CoordinateDescentSampler(BaseSampler):
@@ -261,7 +262,10 @@ class CoordinateDescentSampler(BaseSampler):
         kinds = _TRUSTED_KINDS if self._use_estimates and simulator_trusted(study) else _KINDS
         rows, evidence = _evidence(group, names, dists, kinds)
         rng = trial_rng(self._seed, decision, "cd:plan")
-        move = search.plan_move(evidence, self._settings, rng, snap=_snapper(dists))
+        move = search.plan_move(
+            evidence, self._settings, rng, snap=_snapper(dists),
+            prior=_prior(entries, group, names),
+        )
         values = zip(names, dists, move.point, strict=True)
         plan["params"] = {k: from_unit(d, u) for k, d, u in values}
         plan.update(
@@ -339,6 +343,36 @@ class CoordinateDescentSampler(BaseSampler):
 
 
 
+def _prior(entries: list[_Entry], group: list[_Entry], names: list[str]) -> search.Prior:
+    """What the other structures say: each dense knob's line moves' effect on the score, and
+    the noise of every configuration the study measured more than once."""
+    mine = {id(e) for e in group}
+    scores = {e.observation.number: e.observation.score for e in entries
+              if e.observation.kind == "real"}
+    repeats: dict[tuple[tuple[str, Any], ...], list[float]] = {}
+    position = {k: i for i, k in enumerate(names)}
+    coordinates, changes = [], []
+    for entry in entries:
+        o = entry.observation
+        if o.kind != "real" or o.score is None:
+            continue
+        repeats.setdefault(entry.config, []).append(o.score)
+        attrs = o.user_attrs
+        if id(entry) in mine or attrs.get("cd:phase") not in _LINE_PHASES:
+            continue
+        i = position.get(attrs.get("cd:coordinate"), -1)
+        center = scores.get(attrs.get("cd:center"))
+        if i >= 0 and center:
+            coordinates.append(i)
+            changes.append((o.score - center) / abs(center))
+    return search.Prior(
+        priority=prior.knob_priority(
+            np.array(coordinates, dtype=int), np.array(changes, dtype=float), len(names)
+        ),
+        noise=prior.relative_noise(repeats.values()),
+    )
+
+
 def _shares(observation: Observation, structure: Mapping[str, Any]) -> bool:
     params = observation.params
     return all(k in params and params[k] == v for k, v in structure.items())
@@ -347,10 +381,11 @@ def _shares(observation: Observation, structure: Mapping[str, Any]) -> bool:
 class _Entry:
     """A trial as evidence, with its params as float vectors memoized per coordinate list."""
 
-    __slots__ = ("observation", "_floats", "_vectors")
+    __slots__ = ("observation", "config", "_floats", "_vectors")
 
     def __init__(self, observation: Observation) -> None:
         self.observation = observation
+        self.config = tuple(sorted(observation.params.items()))  # groups repeated measurements
         self._floats = {k: _as_float(v) for k, v in observation.params.items()}
         self._vectors: dict[tuple[str, ...], np.ndarray] = {}
 

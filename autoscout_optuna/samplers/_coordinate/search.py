@@ -97,6 +97,8 @@ from autoscout_optuna.samplers._coordinate.moves import (
 )
 from autoscout_optuna.samplers._coordinate.pattern import pattern_proposal
 from autoscout_optuna.samplers._coordinate.plateau import plateau_proposal
+from autoscout_optuna.samplers._coordinate.prior import Prior
+from autoscout_optuna.samplers._coordinate.prior import cycle as prior_cycle
 
 #: Parabola vertices in a row that tie with the center (within the noise) before a line counts
 #: as resolved. One is enough since the model moves between lines (coordinate suite, 20 seeds,
@@ -105,7 +107,7 @@ VERTEX_TIES = 1
 
 __all__ = [
     "ESTIMATE", "FAILED", "MODEL", "OFF_AXIS", "PATTERN", "PENDING", "PLATEAU", "REAL", "RULES",
-    "SLIDE", "Evidence", "Move", "Settings", "Snap",
+    "SLIDE", "Evidence", "Move", "Prior", "Settings", "Snap",
     "choose_center", "coordinate_order", "line_proposal", "parabola_vertex", "plan_move",
     "sensitivities", "step_size",
 ]
@@ -117,8 +119,14 @@ def plan_move(
     rng: np.random.Generator,
     snap: Snap | None = None,
     start: np.ndarray | None = None,
+    prior: Prior | None = None,
 ) -> Move:
-    """Decide the next point. ``snap(i, u)`` rounds coordinate ``i`` to its grid (ints/steps)."""
+    """Decide the next point. ``snap(i, u)`` rounds coordinate ``i`` to its grid (ints/steps).
+
+    ``prior`` is what the study's other structures tell this one (``prior.py``): which knobs
+    to search first, and the measurement noise before this structure repeated a point.
+    """
+    prior = prior or Prior()
     snap = snap or (lambda i, u: float(np.clip(u, 0.0, 1.0)))
     points, kinds = evidence.points, evidence.kinds
     d = points.shape[1]
@@ -128,7 +136,7 @@ def plan_move(
             return Move("startup", snap_point(snap, start))
         # The start point is taken (failed or still running elsewhere): try a random one.
         return Move("startup", snap_point(snap, rng.random(d)))
-    center, top, noise = choose_center(evidence, settings.confidence)
+    center, top, noise = choose_center(evidence, settings.confidence, prior.noise)
     pending = points[kinds == PENDING]
     # A re-measure the pruner turned into an estimate was judged already (not promising):
     # asking again would only be pruned again, so such a point is not confirmed twice.
@@ -168,7 +176,7 @@ def plan_move(
         return move
     if evidence.moved[center] == MODEL and (move := fitted()) is not None:
         return move
-    order = coordinate_order(evidence, settings, rng, center)
+    order = coordinate_order(evidence, settings, rng, center, prior.priority)
     # Between lines, a model point: ten-odd trials per coordinate cycle leave coupled knobs to
     # crawl, and the fit sees the coupling. A quadratic cannot describe a wall, though: once a
     # trial failed, the model waits until every line is resolved (below).
@@ -260,13 +268,15 @@ def _line_step(
 
 
 def coordinate_order(
-    evidence: Evidence, settings: Settings, rng: np.random.Generator, center: int
+    evidence: Evidence, settings: Settings, rng: np.random.Generator, center: int,
+    priority: np.ndarray | None = None,
 ) -> list[int]:
     """Coordinates in the order they are tried for this trial.
 
     The coordinate moved last comes first: a line search runs until its line is resolved (one
     exact line search per coordinate, the classic form of coordinate descent). The rule orders
-    the rest: cyclic after the last one, uniformly random, or weighted by sensitivity.
+    the rest: cyclic after the last one, uniformly random, or weighted by sensitivity. With a
+    ``priority`` the cycle runs from the highest to the lowest (see ``prior.cycle``).
     """
     d = evidence.points.shape[1]
     moved = evidence.moved[evidence.moved >= 0]
@@ -279,6 +289,9 @@ def coordinate_order(
         weights = weights + 0.1 * weights.max() + 1e-12
         keys = np.log(1.0 - rng.random(d)) / weights  # weighted order without replacement
         order = [int(i) for i in np.argsort(-keys)]
+    elif (cycle := prior_cycle(priority)) is not None:
+        first = cycle.index(last) + 1 if last >= 0 else 0
+        order = [cycle[(first + k) % d] for k in range(d)]
     else:
         # Before any move, the cycle starts at a random coordinate: the order params are
         # declared in (or named in) says nothing about which knob matters, and a fixed start
