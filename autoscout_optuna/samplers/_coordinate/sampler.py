@@ -40,6 +40,12 @@ class CoordinateDescentSampler(BaseSampler):
     quadratic fitted around the center (a model move: curved valleys, coupled knobs), then
     restarts around it.
 
+    Refining several structures in turn (as ``AutoScoutSampler``'s refine arm does), a
+    structure's line searches start with the knobs whose moves changed the score most under
+    the study's other structures, a knob found flat there last; and until the structure has
+    measured a point twice, the relative noise pooled over every configuration the study
+    measured more than once tells its steps from ties (``_coordinate/prior.py``).
+
     The structure kept is the one handed over in the trial's system attr
     ``autoscout_optuna._keys.STRUCTURE`` (``{param: value}``, written by an orchestrator before
     the first suggest call) or else the best trial's structural values. Structural params
