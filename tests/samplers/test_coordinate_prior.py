@@ -8,13 +8,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autoscout_optuna.samplers._coordinate.evidence import REAL, Evidence, choose_center
-from autoscout_optuna.samplers._coordinate.prior import cycle, knob_priority, relative_noise
+from autoscout_optuna.samplers._coordinate.evidence import (
+    REAL,
+    Evidence,
+    choose_center,
+    largest_change,
+)
+from autoscout_optuna.samplers._coordinate.prior import cycle, relative_noise
 from autoscout_optuna.samplers._coordinate.search import Settings, coordinate_order
 
 
 def test_knob_priority_is_the_largest_change_per_coordinate() -> None:
-    priority = knob_priority(np.array([0, 2, 0, 2, 5]), np.array([0.01, -0.3, -0.02, 0.1, 1.0]), 4)
+    coordinates = np.array([0, 2, 0, 2, 5, 1])
+    priority = largest_change(coordinates, np.array([0.01, -0.3, -0.02, 0.1, 1.0, np.nan]), 4)
     np.testing.assert_allclose(priority, [0.02, np.nan, 0.3, np.nan])  # 5 is out of range
 
 

@@ -188,14 +188,24 @@ def _recent_noise(
 
 def sensitivities(evidence: Evidence) -> np.ndarray:
     """Per coordinate, the largest score change a move along it produced (NaN: never moved)."""
-    d = evidence.points.shape[1]
+    rows = np.flatnonzero(
+        (evidence.kinds == REAL) & (evidence.moved >= 0) & (evidence.centers >= 0)
+    )
+    changes = evidence.scores[rows] - evidence.scores[evidence.centers[rows]]
+    return largest_change(evidence.moved[rows], changes, evidence.points.shape[1])
+
+
+def largest_change(coordinates: np.ndarray, changes: np.ndarray, d: int) -> np.ndarray:
+    """Per coordinate, the largest ``|change|`` of the moves along it; NaN where none.
+
+    Args:
+        coordinates: ``(m,)`` coordinate index each move changed (others are ignored).
+        changes: ``(m,)`` the score change each produced (non-finite ones are ignored).
+        d: Number of coordinates.
+    """
     out = np.full(d, np.nan)
-    ok = (evidence.kinds == REAL) & (evidence.moved >= 0) & (evidence.centers >= 0)
-    for row in np.flatnonzero(ok):
-        change = abs(evidence.scores[row] - evidence.scores[evidence.centers[row]])
-        i = evidence.moved[row]
-        if np.isfinite(change):
-            out[i] = change if np.isnan(out[i]) else max(out[i], change)
+    ok = np.isfinite(changes) & (coordinates >= 0) & (coordinates < d)
+    np.fmax.at(out, coordinates[ok], np.abs(changes[ok]))  # fmax: NaN (none yet) loses
     return out
 
 

@@ -33,7 +33,9 @@ class Prior:
     """What the rest of the study says (either may be None: nothing known).
 
     Attributes:
-        priority: ``(d,)`` per coordinate, the order of the cyclic rule (``knob_priority``).
+        priority: ``(d,)`` per coordinate, the order of the cyclic rule: the largest relative
+            score change a line move along it produced under the other structures
+            (``evidence.largest_change``), NaN where none did.
         noise: Relative standard deviation of a measurement (``relative_noise``).
     """
 
@@ -55,24 +57,6 @@ def relative_noise(groups: Iterable[Sequence[float]]) -> float | None:
             squares += float(np.sum(((array - array.mean()) / level) ** 2))
             dof += len(values) - 1
     return float(np.sqrt(squares / dof)) if dof >= 2 else None
-
-
-def knob_priority(coordinates: np.ndarray, changes: np.ndarray, d: int) -> np.ndarray:
-    """Per coordinate, the largest relative score change a line move along it produced.
-
-    Args:
-        coordinates: ``(m,)`` coordinate index each move changed (in ``range(d)``).
-        changes: ``(m,)`` its relative score change against the center it moved from.
-        d: Number of coordinates.
-
-    Returns:
-        ``(d,)``; NaN for a coordinate no move changed.
-    """
-    out = np.full(d, np.nan)
-    ok = np.isfinite(changes) & (coordinates >= 0) & (coordinates < d)
-    for i, change in zip(coordinates[ok], np.abs(changes[ok]), strict=True):
-        out[i] = change if np.isnan(out[i]) else max(out[i], change)
-    return out
 
 
 def cycle(priority: np.ndarray | None) -> list[int] | None:

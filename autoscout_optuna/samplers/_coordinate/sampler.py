@@ -372,7 +372,7 @@ def _prior(entries: list[_Entry], group: list[_Entry], names: list[str]) -> sear
             coordinates.append(i)
             changes.append((o.score - center) / abs(center))
     return search.Prior(
-        priority=prior.knob_priority(
+        priority=search.largest_change(
             np.array(coordinates, dtype=int), np.array(changes, dtype=float), len(names)
         ),
         noise=prior.relative_noise(repeats.values()),

@@ -81,6 +81,7 @@ from autoscout_optuna.samplers._coordinate.evidence import (
     _is_taken,
     _same_point_rows,
     choose_center,
+    largest_change,
     margin_of,
     point_mean,
     sensitivities,
@@ -108,8 +109,8 @@ VERTEX_TIES = 1
 __all__ = [
     "ESTIMATE", "FAILED", "MODEL", "OFF_AXIS", "PATTERN", "PENDING", "PLATEAU", "REAL", "RULES",
     "SLIDE", "Evidence", "Move", "Prior", "Settings", "Snap",
-    "choose_center", "coordinate_order", "line_proposal", "parabola_vertex", "plan_move",
-    "sensitivities", "step_size",
+    "choose_center", "coordinate_order", "largest_change", "line_proposal", "parabola_vertex",
+    "plan_move", "sensitivities", "step_size",
 ]
 
 
