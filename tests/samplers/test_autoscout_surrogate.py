@@ -126,44 +126,9 @@ def test_targets_keep_the_order_of_the_scores(scores, expected_order):
     assert target.mean() == pytest.approx(0.0)
 
 
-def _conditional_history(seed, n):
-    # tp=8 never asks pp; pp=1 never asks mode; zero is asked nine times in ten
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(n):
-        row = {"tp": int(rng.choice([1, 2, 4, 8]))}
-        if row["tp"] != 8:
-            row["pp"] = int(rng.choice([1, 2, 4, 8]))
-        if row.get("pp", 1) != 1:
-            row["mode"] = str(rng.choice(["none", "selective", "full"]))
-        if rng.random() < 0.9:
-            row["zero"] = int(rng.choice([0, 1, 2, 3]))
-        rows.append(row)
-    return rows
-
-
-@pytest.mark.parametrize("seed, n", [(0, 0), (1, 1), (2, 7), (3, 40), (4, 200)])
-def test_encoding_per_structure_and_conditions_from_codes_match_the_per_trial_reading(seed, n):
-    from autoscout_optuna.samplers._autoscout.startup import infer_conditions
-
-    rows = _conditional_history(seed, n)
-    codes = surrogate.encode(NAMES, surrogate._lookups(VALUES), rows)
-    assert surrogate.conditions_of(codes, NAMES, VALUES) == infer_conditions(rows, NAMES,
-                                                                            of=NAMES)
-    keyed = [(tuple(sorted((k, repr(v)) for k, v in row.items())), row) for row in rows]
-    memo = {}
-    assert np.array_equal(surrogate.encode_structures(NAMES, VALUES, keyed, memo), codes)
-    assert len(memo) == len({key for key, _ in keyed}) + 1  # one entry per structure
-    # the second call reads the memo, and a change of value lists empties it
-    assert np.array_equal(surrogate.encode_structures(NAMES, VALUES, keyed, memo), codes)
-    wider = [*VALUES[:3], [0, 1, 2, 3, 4]]
-    assert np.array_equal(surrogate.encode_structures(NAMES, wider, keyed, memo),
-                          surrogate.encode(NAMES, surrogate._lookups(wider), rows))
-
-
 def test_weights_counted_from_feature_indices_match_the_dense_ridge():
     rows, _, scores = random_history(8, 30)
-    codes = surrogate.encode(NAMES, surrogate._lookups(VALUES), rows)
+    codes = surrogate.encode(NAMES, surrogate.value_lookups(VALUES), rows)
     codes[::4, 2] = -1  # some rows did not ask "mode"
     offsets = np.concatenate([[0], np.cumsum([len(v) for v in VALUES])])
     features = surrogate.feature_indices(codes, offsets)

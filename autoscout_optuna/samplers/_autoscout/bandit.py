@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,9 +22,12 @@ SIGMA = 0.1
 PRIOR_PULLS = 1.0
 
 
-@dataclass(frozen=True)
-class Pull:
-    """One reward of one arm. ``age`` counts trials since it (0 = the latest)."""
+class Pull(NamedTuple):
+    """One reward of one arm. ``age`` counts trials since it (0 = the latest).
+
+    A named tuple, not a dataclass: the orchestrator builds a couple of hundred per trial, and
+    a tuple is built in a third of the time.
+    """
 
     arm: str
     reward: float

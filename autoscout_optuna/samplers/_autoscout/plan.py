@@ -7,7 +7,7 @@ Works on :class:`~autoscout_optuna.samplers._autoscout.reader.Seen` lists only (
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,14 +22,10 @@ from autoscout_optuna.samplers._autoscout.did import (
     reward_of,
     score_scale,
 )
+from autoscout_optuna.samplers._autoscout.history_table import HistoryTable
 from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
 from autoscout_optuna.samplers._autoscout.startup import infer_conditions, least_covered
-from autoscout_optuna.samplers._autoscout.surrogate import (
-    Proposal,
-    conditions_of,
-    encode_structures,
-    propose_encoded,
-)
+from autoscout_optuna.samplers._autoscout.surrogate import Proposal, propose_encoded
 
 ARMED = ("explore", "neighbour", "model", "refine")
 # Arms that propose a structure (refine keeps one and moves dense knobs).
@@ -171,29 +167,30 @@ def conditions(history: Sequence[Seen], space: ObservedSpace) -> dict[str, Any]:
 
 def bandit_evidence(
     history: Sequence[Seen], digest: StudyDigest, *, reward: str, estimate_weight: float,
-    window: int = WINDOW,
+    window: int = WINDOW, running: Sequence[Seen] | None = None,
 ) -> tuple[list[Pull], dict[str, int], list[str]]:
     """Rewards per arm (newest first, aged), pending counts per arm, arms of recent trials.
 
     Only the last ``window`` finished trials are turned into rewards: with the bandit's
     discount, older ones weigh nothing (0.95 ** 200 < 1e-4), and this keeps a trial O(window).
+    ``running``: the running trials of ``history``, where the caller has them (the reader
+    does), so the pending counts need not scan the history.
     """
     scale = score_scale(digest.scores)
     noise = digest.noise()
-    pulls = []
-    age = 0
+    finished = []  # newest first; a trial's age is its place here
     for obs in reversed(history):
-        if obs.kind == "pending":
-            continue
-        if obs.arm in ARMED:
-            weight = estimate_weight if obs.kind == "estimate" else 1.0
-            gain = obs.gains.get(reward)
-            pulls.append(Pull(obs.arm, reward_of(gain, scale=scale, noise=noise), weight, age))
-        age += 1
-        if age >= window:
-            break
+        if obs.kind != "pending":
+            finished.append(obs)
+            if len(finished) >= window:
+                break
+    pulls = [
+        Pull(obs.arm, reward_of(obs.gains.get(reward), scale=scale, noise=noise),
+             estimate_weight if obs.kind == "estimate" else 1.0, age)
+        for age, obs in enumerate(finished) if obs.arm in ARMED
+    ]
     pending: dict[str, int] = {}
-    for obs in history:
+    for obs in history if running is None else running:
         if obs.kind == "pending" and obs.arm in ARMED:
             pending[obs.arm] = pending.get(obs.arm, 0) + 1
     recent = [o.arm for o in history[-3 * RECENT:] if o.arm in ARMED][-RECENT:]
@@ -379,21 +376,18 @@ def exploring_succeeds(history: Sequence[Seen], last: int = 5) -> bool:
 
 def model_proposal(
     history: Sequence[Seen], space: ObservedSpace, rng: np.random.Generator,
-    memo: MutableMapping[Hashable, Any] | None = None,
+    table: HistoryTable | None = None,
 ) -> Proposal | None:
     """The model arm's structure (:mod:`~autoscout_optuna.samplers._autoscout.surrogate`).
 
-    ``memo``: a dict the caller keeps between calls, so each structure is encoded once (see
-    :func:`~autoscout_optuna.samplers._autoscout.surrogate.encode_structures`).
+    ``table``: a :class:`~autoscout_optuna.samplers._autoscout.history_table.HistoryTable`
+    the caller keeps between calls, so a proposal reads only the trials added since the last.
     """
     names = list(space.structural)
     values = [discrete_values(space.distributions[n]) for n in names]
-    codes = encode_structures(names, values, [(o.structure, o.params) for o in history],
-                              {} if memo is None else memo)
-    return propose_encoded(
-        names, values, codes, [o.kind for o in history], [o.score for o in history],
-        conditions_of(codes, names, values), rng,
-    )
+    inputs = (table or HistoryTable()).read(history, names, values)
+    return propose_encoded(names, values, inputs.codes, inputs.kinds, inputs.scores,
+                           inputs.conditions, rng)
 
 
 def _arm(obs: Seen) -> str:

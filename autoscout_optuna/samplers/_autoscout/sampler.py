@@ -18,6 +18,7 @@ from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._storage import set_system_attr, set_user_attr
 from autoscout_optuna.samplers._autoscout import plan as planning
 from autoscout_optuna.samplers._autoscout.bandit import alternate, choose_arm
+from autoscout_optuna.samplers._autoscout.history_table import HistoryTable
 from autoscout_optuna.samplers._autoscout.reader import HistoryReader
 from autoscout_optuna.samplers._autoscout.transplant import PLAN_KEY, PlanCache, TransplantSampler
 from autoscout_optuna.samplers._mcts.sampler import FIXED_KEY as EXPLORE_FIXED_KEY
@@ -228,8 +229,8 @@ class AutoScoutSampler(BaseSampler):
         self._discount = discount
         self._cache = PlanCache()
         self._reader = HistoryReader()
-        # Each structure's encoding for the model arm (a cache; see ``plan.model_proposal``).
-        self._model_memo: dict[Any, Any] = {}
+        # The model arm's table of the history (a cache; see ``plan.model_proposal``).
+        self._model_table = HistoryTable()
         self._startup = TransplantSampler(seed=self._derive("startup"), cache=self._cache)
         # Both sub-samplers hand the knobs they do not decide to a TransplantSampler, which
         # plays this trial's plan (the incumbent's dense values: see transplant.py).
@@ -268,13 +269,13 @@ class AutoScoutSampler(BaseSampler):
         choice = planning.refine_choice(pending, digest, space, estimator=self._reward)
         can_model = self._model_open(history, digest, space, choice, incumbent)
         arm, reason, extra = self._decide(
-            study, history, digest, space, number, bool(moves), choice, can_model
+            study, history, pending, digest, space, number, bool(moves), choice, can_model
         )
         proposal = None
         if arm == MODEL:
             # Proposed only once chosen: scoring the candidates is the arm's whole cost.
             rng = trial_rng(self._seed, number, "model")
-            proposal = planning.model_proposal(history, space, rng, self._model_memo)
+            proposal = planning.model_proposal(history, space, rng, self._model_table)
             if proposal is None:
                 arm, reason = EXPLORE, "model arm: no untried structure among its candidates; MCTS"
             else:
@@ -343,7 +344,7 @@ class AutoScoutSampler(BaseSampler):
         return not refining or choice.stale >= choice.patience
 
     def _decide(
-        self, study: optuna.Study, history: Sequence[Any], digest: Any,
+        self, study: optuna.Study, history: Sequence[Any], running: Sequence[Any], digest: Any,
         space: planning.ObservedSpace, number: int, has_neighbours: bool,
         choice: planning.RefineChoice | None, can_model: bool,
     ) -> tuple[str, str, dict[str, Any]]:
@@ -396,7 +397,7 @@ class AutoScoutSampler(BaseSampler):
         # PRUNED estimates count as much as the pruner's last rank check says they deserve.
         weight = self._estimate_weight * estimate_reliability(study)
         pulls, pending, recent = planning.bandit_evidence(
-            history, digest, reward=self._reward, estimate_weight=weight
+            history, digest, reward=self._reward, estimate_weight=weight, running=running
         )
         rng = trial_rng(self._seed, number, "bandit")
         arm, reason, stats = choose_arm(

@@ -22,15 +22,15 @@ to fail. The best draw among the rest is proposed.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from autoscout_optuna.samplers._autoscout.startup import choice_key
+from autoscout_optuna.samplers._autoscout.conditions import value_offsets
 from autoscout_optuna.samplers._mcts.encoding import value_key
-from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility, numeric_values, one_hot
+from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility, numeric_values
 from autoscout_optuna.samplers._mcts.tree import ABSENT, unique_rows
 
 # Ridge prior precision on the one-hot weights (standardized targets): about one trial's worth.
@@ -38,9 +38,6 @@ PRIOR_PRECISION = 1.0
 # Residual variance floor (standardized units): keeps the Thompson draw exploring even when a
 # handful of trials happen to fit perfectly.
 MIN_RESIDUAL_VARIANCE = 0.05
-# Structures whose codes ``encode_structures`` keeps before it starts over.
-MAX_MEMO = 200_000
-_SIGNATURE = "__signature__"
 N_CANDIDATES = 1500
 N_TEMPLATES = 5
 MAX_CHANGES = 3
@@ -88,8 +85,8 @@ def propose(
             be asked.
         rng: Source of the candidates and the Thompson draw.
     """
-    return propose_encoded(names, value_lists, encode(names, _lookups(value_lists), rows), kinds,
-                           scores, conditions, rng)
+    codes = encode(names, value_lookups(value_lists), rows)
+    return propose_encoded(names, value_lists, codes, kinds, scores, conditions, rng)
 
 
 def propose_encoded(
@@ -102,13 +99,13 @@ def propose_encoded(
     rng: np.random.Generator,
 ) -> Proposal | None:
     """:func:`propose` on trials already encoded (``codes``, as :func:`encode` returns)."""
-    lookups = _lookups(value_lists)
+    lookups = value_lookups(value_lists)
     kind = np.asarray(kinds, dtype=str)
     scored = (kind == "real") | (kind == "estimate")
     if scored.sum() < MIN_SCORED:
         return None
     n_values = [len(v) for v in value_lists]
-    offsets = _offsets(value_lists)
+    offsets = value_offsets(value_lists)
     scored_scores = np.asarray(scores, dtype=float)[scored]
     weights = draw_weights(
         feature_indices(codes[scored], offsets), 1 + int(offsets[-1]),
@@ -119,7 +116,8 @@ def propose_encoded(
     templates = codes[np.flatnonzero(scored)[order[:N_TEMPLATES]]]
     candidates = make_candidates(templates, n_values, rng)
     candidates = apply_conditions(candidates, names, lookups, conditions)
-    candidates = untried(unique_rows(candidates)[0], codes)
+    # whether a candidate was run depends only on which rows exist, not how often
+    candidates = untried(unique_rows(candidates)[0], unique_rows(codes)[0])
     if len(candidates) == 0:
         return None
     feasibility = fit_feasibility(
@@ -138,7 +136,7 @@ def propose_encoded(
     return Proposal(values, float(predicted[best]), float(p_fail[best]), len(candidates))
 
 
-def _lookups(value_lists: Sequence[Sequence[Any]]) -> list[dict[Any, int]]:
+def value_lookups(value_lists: Sequence[Sequence[Any]]) -> list[dict[Any, int]]:
     """Per param, its values' codes by ``value_key``."""
     return [{value_key(v): k for k, v in enumerate(values)} for values in value_lists]
 
@@ -154,66 +152,6 @@ def encode(
             if name in params:
                 codes[i, j] = lookups[j].get(value_key(params[name]), ABSENT)
     return codes
-
-
-def encode_structures(
-    names: Sequence[str], value_lists: Sequence[Sequence[Any]],
-    rows: Sequence[tuple[Hashable, Mapping[str, Any]]], memo: MutableMapping[Hashable, Any],
-) -> np.ndarray:
-    """:func:`encode` of ``(structure key, params)`` rows, each structure encoded once.
-
-    A long study runs one structure many times (refinements) and re-encodes its whole history
-    on every model trial; ``memo`` keeps each structure's codes between calls (a cache: any
-    dict, emptied when the value lists change; the codes depend on nothing else).
-    """
-    signature = (tuple(names), tuple(tuple(map(value_key, values)) for values in value_lists))
-    if memo.get(_SIGNATURE) != signature or len(memo) > MAX_MEMO:
-        memo.clear()
-        memo[_SIGNATURE] = signature
-    lookups = _lookups(value_lists)
-    codes = np.empty((len(rows), len(names)), dtype=int)
-    for i, (key, params) in enumerate(rows):
-        row = memo.get(key)
-        if row is None:
-            row = memo[key] = encode(names, lookups, [params])[0]
-        codes[i] = row
-    return codes
-
-
-def conditions_of(
-    codes: np.ndarray, names: Sequence[str], value_lists: Sequence[Sequence[Any]]
-) -> dict[str, dict[str, list[Any]]]:
-    """:func:`~autoscout_optuna.samplers._autoscout.startup.infer_conditions` read from
-    encoded rows (a value outside today's lists counts as not asked): ``{p: {q: values of q
-    under which p was asked}}`` where ``q`` was asked wherever ``p`` was and ``p`` only under
-    some of ``q``'s values. One pass over a value-presence table per param instead of a pass
-    over the trials per pair of params."""
-    codes = unique_rows(codes)[0] if len(codes) else codes
-    asked = codes != ABSENT
-    offsets = _offsets(value_lists)
-    present = one_hot(codes, offsets) > 0  # which value of each param a row took
-    seen = present.any(axis=0)
-    conditions: dict[str, dict[str, list[Any]]] = {}
-    for p, name in enumerate(names):
-        having = asked[:, p]
-        if having.all():
-            continue  # asked everywhere: unconditional
-        parents = asked[having].all(axis=0)
-        parents[p] = False
-        under = present[having].any(axis=0)
-        for q in np.flatnonzero(parents):
-            block = slice(offsets[q], offsets[q + 1])
-            if (under[block] != seen[block]).any():  # some value of q never had p
-                values = [value_lists[q][k] for k in np.flatnonzero(under[block])]
-                # in the order infer_conditions gives: by the repr of the value's key
-                conditions.setdefault(name, {})[names[q]] = sorted(
-                    values, key=lambda v: repr(choice_key(v)))
-    return conditions
-
-
-def _offsets(value_lists: Sequence[Sequence[Any]]) -> np.ndarray:
-    """Where each param's block of one-hot columns starts (and, last, their total)."""
-    return np.concatenate([[0], np.cumsum([len(v) for v in value_lists])]).astype(int)
 
 
 def log_scores(scores: np.ndarray) -> np.ndarray:
@@ -254,14 +192,22 @@ def draw_weights(
     took 39 ms instead of 0.3 beside another process on 2 cores).
     """
     n, m = features.shape
-    first = np.repeat(features, m, axis=1)
-    second = np.tile(features, (1, m))
+    # Each weight sits in one column (the intercept in column 0, each param in its own block),
+    # so a pair of columns j < k fills only entries above the diagonal of its own blocks: the
+    # pairs j < k counted once and mirrored, plus each row's own weights on the diagonal, sum
+    # the same terms in the same order as all m * m pairs would, at less than half the work.
+    chosen = features >= 0
+    left, right = np.triu_indices(m, 1)  # every pair of columns j < k
+    first, second = features[:, left], features[:, right]
     pairs = (first >= 0) & (second >= 0)
-    gram = np.bincount(
-        (first * n_weights + second)[pairs], weights=np.repeat(w, m * m)[pairs.ravel()],
+    row_weights = np.broadcast_to(w[:, None], first.shape)
+    half = np.bincount(
+        (first * n_weights + second)[pairs], weights=row_weights[pairs],
         minlength=n_weights * n_weights,
     ).reshape(n_weights, n_weights)
-    chosen = features >= 0
+    own = np.bincount(features[chosen], weights=np.broadcast_to(w[:, None], (n, m))[chosen],
+                      minlength=n_weights)
+    gram = half + half.T + np.diag(own)
     rhs = np.bincount(features[chosen], weights=np.repeat(w * y, m)[chosen.ravel()],
                       minlength=n_weights)
     prior = np.full(n_weights, PRIOR_PRECISION)
@@ -294,9 +240,10 @@ def make_candidates(
     local = np.where(local < 0, redrawn, local)
     # change k random columns per row: those whose random key ranks among the row's k smallest
     changes = rng.integers(1, min(MAX_CHANGES, n_columns) + 1, size=n_local)
-    ranks = np.argsort(np.argsort(rng.random((n_local, n_columns)), axis=1), axis=1)
+    keys = rng.random((n_local, n_columns))
+    kth = np.sort(keys, axis=1)[np.arange(n_local), changes - 1]
     fresh = rng.integers(0, sizes, size=(n_local, n_columns))
-    candidates[:n_local] = np.where(ranks < changes[:, None], fresh, local)
+    candidates[:n_local] = np.where(keys <= kth[:, None], fresh, local)
     return candidates
 
 
@@ -308,20 +255,29 @@ def apply_conditions(
     per param, its values' codes, as for :func:`encode`)."""
     candidates = candidates.copy()
     column = {name: j for j, name in enumerate(names)}
+    # per (param, parent): which of the parent's codes ask the param, as a table indexed by the
+    # code, with one more slot (last, False) that ``ABSENT`` (-1) reads
+    tables = []
+    for param, parents in conditions.items():
+        if param not in column:
+            continue
+        tests = []
+        for parent, values in parents.items():
+            if parent not in column:
+                continue
+            codes = lookups[column[parent]]
+            table = np.zeros(max(codes.values(), default=-1) + 2, dtype=bool)
+            table[[codes[value_key(v)] for v in values if value_key(v) in codes]] = True
+            tests.append((column[parent], table))
+        tables.append((column[param], tests))
     # a parent that is itself conditional can switch a child off only once it is settled
     for _ in range(len(conditions)):
         before = candidates.copy()
-        for param, parents in conditions.items():
-            if param not in column:
-                continue
+        for j, tests in tables:
             active = np.ones(len(candidates), dtype=bool)
-            for parent, values in parents.items():
-                if parent not in column:
-                    continue
-                codes = lookups[column[parent]]
-                allowed = [codes[value_key(v)] for v in values if value_key(v) in codes]
-                active &= np.isin(candidates[:, column[parent]], allowed)
-            candidates[~active, column[param]] = ABSENT
+            for q, table in tests:
+                active &= table[candidates[:, q]]
+            candidates[~active, j] = ABSENT
         if np.array_equal(before, candidates):
             break
     return candidates

@@ -1,0 +1,116 @@
+"""The model arm's table of the history, extended as trials finish (a cache, not state).
+
+A model proposal needs every trial's structural codes, kind and score, and the dependency tree
+read from them. Built from scratch, that walks every record of the history on every proposal:
+at 1,000 trials, more of the arm's time than its numeric work. Finished trials never change,
+and the history reader hands back the very same record objects for them, so the table keeps
+the rows of the history's finished start (up to its first running trial) and a proposal reads
+only the records after them. Whenever the history no longer starts with the kept records (a
+study recreated, a running trial in the middle finished, other value lists), the table starts
+over from the history, so it answers exactly what a rebuild would.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autoscout_optuna.samplers._autoscout.conditions import ConditionEvidence, value_offsets
+from autoscout_optuna.samplers._autoscout.reader import Seen
+from autoscout_optuna.samplers._autoscout.surrogate import encode, value_lookups
+from autoscout_optuna.samplers._mcts.encoding import value_key
+
+# Structures whose codes the table keeps before it starts that memo over.
+MAX_STRUCTURES = 200_000
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What :func:`~autoscout_optuna.samplers._autoscout.surrogate.propose_encoded` reads.
+
+    Attributes:
+        codes: Per trial, each structural param's value code (``ABSENT`` if not asked).
+        kinds: Per trial, ``"real"``, ``"estimate"``, ``"failed"`` or ``"pending"``.
+        scores: Per trial, its oriented score (nan where it has none).
+        conditions: The dependency tree, as ``conditions_of`` reads it from ``codes``.
+    """
+
+    codes: np.ndarray
+    kinds: np.ndarray
+    scores: np.ndarray
+    conditions: dict[str, dict[str, list[Any]]]
+
+
+class HistoryTable:
+    """The model arm's inputs for a history, reusing the rows of its finished start."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._start_over(None, [])
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (HistoryTable, ())  # a cache: rebuilt from the history after unpickling
+
+    def _start_over(self, signature: Any, value_lists: Sequence[Sequence[Any]]) -> None:
+        self._signature = signature
+        self._lookups = value_lookups(value_lists)
+        # each structure's codes: a long study runs one structure many times (refinements)
+        self._by_structure: dict[Hashable, np.ndarray] = {}
+        self._records: list[Seen] = []
+        self._codes = np.zeros((0, len(value_lists)), dtype=int)
+        self._kinds = np.zeros(0, dtype=str)
+        self._scores = np.zeros(0)
+        self._evidence = ConditionEvidence(value_offsets(value_lists))
+
+    def read(
+        self, history: Sequence[Seen], names: Sequence[str],
+        value_lists: Sequence[Sequence[Any]],
+    ) -> ModelInputs:
+        """The inputs for ``history`` (oldest first), with ``names`` the structural params
+        and ``value_lists`` every value of each."""
+        with self._lock:
+            signature = (tuple(names), tuple(tuple(map(value_key, v)) for v in value_lists))
+            kept = len(self._records)
+            # list equality tests each record's identity first (records compare by identity)
+            if signature != self._signature or list(history[:kept]) != self._records:
+                self._start_over(signature, value_lists)
+                kept = 0
+            tail = history[kept:]
+            codes = self._encode(names, tail)
+            kinds = np.array([obs.kind for obs in tail], dtype=str)
+            scores = np.array([np.nan if obs.score is None else obs.score for obs in tail],
+                              dtype=float)
+            finished = next((i for i, obs in enumerate(tail) if obs.kind == "pending"),
+                            len(tail))
+            if finished:
+                self._records.extend(tail[:finished])
+                self._codes = np.concatenate([self._codes, codes[:finished]])
+                self._kinds = np.concatenate([self._kinds, kinds[:finished]])
+                self._scores = np.concatenate([self._scores, scores[:finished]])
+                self._evidence.add(codes[:finished])
+            evidence = self._evidence
+            if finished < len(tail):  # running trials (or finished after one): this read only
+                evidence = evidence.copy()
+                evidence.add(codes[finished:])
+            return ModelInputs(
+                codes=np.concatenate([self._codes, codes[finished:]]),
+                kinds=np.concatenate([self._kinds, kinds[finished:]]),
+                scores=np.concatenate([self._scores, scores[finished:]]),
+                conditions=evidence.conditions(names, value_lists),
+            )
+
+    def _encode(self, names: Sequence[str], records: Sequence[Seen]) -> np.ndarray:
+        if len(self._by_structure) > MAX_STRUCTURES:
+            self._by_structure.clear()
+        codes = np.empty((len(records), len(names)), dtype=int)
+        for i, obs in enumerate(records):
+            row = self._by_structure.get(obs.structure)
+            if row is None:
+                row = self._by_structure[obs.structure] = encode(names, self._lookups,
+                                                                 [obs.params])[0]
+            codes[i] = row
+        return codes
