@@ -79,3 +79,17 @@ def test_the_digest_noise_pools_every_repeated_config_in_the_order_first_measure
         if number % 7 == 0:
             expected = pooled_noise([v for v in digest.repeats.values() if len(v) > 1])
             assert digest.noise() == expected  # the same sum, in the same order: bit for bit
+
+
+def test_the_digest_scale_follows_every_new_score():
+    from autoscout_optuna.samplers._autoscout.did import score_scale
+    from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
+
+    digest = StudyDigest()
+    assert digest.scale() == score_scale([])
+    for number, (kind, score) in enumerate([("real", 3.0), ("failed", None), ("real", 5.0),
+                                            ("estimate", 4.0), ("real", 9.0)]):
+        digest.add(Seen(number=number, params={}, distributions={}, kind=kind, score=score,
+                        user_attrs={}, structure=(), config=(), arm="explore"))
+        assert digest.scale() == score_scale(digest.scores)
+    assert digest.scale() != score_scale([3.0, 5.0])  # it moved with the later scores

@@ -152,3 +152,23 @@ def test_weights_counted_from_feature_indices_match_the_dense_ridge():
                             np.random.default_rng(3).standard_normal(len(mean)))
     assert np.allclose(drawn, mean + np.sqrt(variance) * noise, atol=1e-9)
     assert np.allclose(surrogate.predict(features, drawn), design @ drawn)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_untried_keeps_exactly_the_candidates_no_row_matches(seed):
+    rng = np.random.default_rng(seed)
+    # seed 5: 40 columns of 12 values, so a row's key would overflow (the record fallback)
+    n_columns, n_values = (40, 12) if seed == 5 else (int(rng.integers(2, 7)), 4)
+    codes = rng.integers(0, n_values, size=(int(rng.integers(5, 120)), n_columns))
+    codes[rng.random(codes.shape) < 0.2] = -1  # not asked
+    candidates = np.vstack([codes[rng.integers(len(codes), size=20)],
+                            rng.integers(-1, n_values, size=(60, n_columns))])
+    kept = surrogate.untried(candidates, codes)
+
+    def matched(candidate):
+        return any(np.array_equal(candidate[row >= 0], row[row >= 0]) for row in codes
+                   if (row >= 0).any())
+
+    expected = [c for c in candidates if not matched(c)]
+    assert np.array_equal(kept.reshape(-1, n_columns), np.array(expected).reshape(-1, n_columns))
+    assert 0 < len(expected) < len(candidates)

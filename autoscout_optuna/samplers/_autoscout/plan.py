@@ -20,7 +20,6 @@ from autoscout_optuna.samplers._autoscout.did import (
     IMPROVEMENT_SCALE,
     potential_values,
     reward_of,
-    score_scale,
 )
 from autoscout_optuna.samplers._autoscout.history_table import HistoryTable
 from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
@@ -176,7 +175,7 @@ def bandit_evidence(
     ``running``: the running trials of ``history``, where the caller has them (the reader
     does), so the pending counts need not scan the history.
     """
-    scale = score_scale(digest.scores)
+    scale = digest.scale()
     noise = digest.noise()
     finished = []  # newest first; a trial's age is its place here
     for obs in reversed(history):
@@ -244,7 +243,7 @@ def refine_choice(
     potential = {key: float(values[ledger.places[key]]) for key in [*ranked, top_key]}
     stale_counts = _stale_counts(digest, pending, estimator, digest.noise(), ranked)
     # Only structures within a reward scale of the incumbent are worth its tuning budget.
-    close = potential[top_key] - IMPROVEMENT_SCALE * score_scale(digest.scores)
+    close = potential[top_key] - IMPROVEMENT_SCALE * digest.scale()
     choices = []
     for rank, key in enumerate(ranked):
         if choices and potential[key] < close:

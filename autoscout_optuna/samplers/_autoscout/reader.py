@@ -29,7 +29,7 @@ from autoscout_optuna._history import (
 )
 from autoscout_optuna._space import structure_key
 from autoscout_optuna._storage import get_trials
-from autoscout_optuna.samplers._autoscout.did import ArmOutcome, Ledger, pooled_noise
+from autoscout_optuna.samplers._autoscout.did import ArmOutcome, Ledger, pooled_noise, score_scale
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +86,7 @@ class StudyDigest:
         # structure -> (number, gains) of its finished refinements, oldest first
         self.refinements: dict[Hashable, list[tuple[int, dict[str, float | None]]]] = {}
         self._noise: float | None = None
+        self._scale: tuple[int, float] | None = None  # (how many scores it saw, the scale)
         # The configs measured more than once, by their place in ``repeats`` (the noise sums
         # them in that order), so the noise need not look at the configs measured once.
         self._places: dict[tuple[tuple[str, str], ...], int] = {}
@@ -132,6 +133,13 @@ class StudyDigest:
 
     def best_having(self, name: str) -> Seen | None:
         return self.best_with.get(("real", name)) or self.best_with.get(("estimate", name))
+
+    def scale(self) -> float:
+        """``score_scale`` of every finished score (recomputed when a score arrives: several
+        rules read it per trial, and a quantile of thousands of scores is not free)."""
+        if self._scale is None or self._scale[0] != len(self.scores):
+            self._scale = (len(self.scores), score_scale(self.scores))
+        return self._scale[1]
 
     def noise(self) -> float:
         """Pooled standard deviation of repeated real measurements (recomputed on change)."""
@@ -186,7 +194,9 @@ class HistoryReader:
         direction = study.direction
         skip = None if exclude is None else exclude.number
         name = study.study_name
-        digest = self._digests.setdefault(name, StudyDigest())
+        digest = self._digests.get(name)
+        if digest is None:
+            digest = self._digests[name] = StudyDigest()
         trials = get_trials(study)
         known, history = self._prefix(name, trials, skip)
         settled, start, n_records = known, None, len(history)

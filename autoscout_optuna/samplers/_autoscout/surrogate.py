@@ -31,7 +31,7 @@ import numpy as np
 from autoscout_optuna.samplers._autoscout.conditions import value_offsets
 from autoscout_optuna.samplers._mcts.encoding import value_key
 from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility, numeric_values
-from autoscout_optuna.samplers._mcts.tree import ABSENT, unique_rows
+from autoscout_optuna.samplers._mcts.tree import ABSENT, row_keys, unique_rows
 
 # Ridge prior precision on the one-hot weights (standardized targets): about one trial's worth.
 PRIOR_PRECISION = 1.0
@@ -116,8 +116,7 @@ def propose_encoded(
     templates = codes[np.flatnonzero(scored)[order[:N_TEMPLATES]]]
     candidates = make_candidates(templates, n_values, rng)
     candidates = apply_conditions(candidates, names, lookups, conditions)
-    # whether a candidate was run depends only on which rows exist, not how often
-    candidates = untried(unique_rows(candidates)[0], unique_rows(codes)[0])
+    candidates = untried(unique_rows(candidates)[0], codes)
     if len(candidates) == 0:
         return None
     feasibility = fit_feasibility(
@@ -288,15 +287,28 @@ def untried(candidates: np.ndarray, codes: np.ndarray) -> np.ndarray:
     param the row asked (a failed prefix covers everything below it).
 
     Rows are grouped by which params they asked (a handful of patterns: the branches of the
-    space), so each group is one set lookup of the candidates' values on those params.
+    space), so each group is one set lookup of the candidates' values on those params, each
+    row of values one int64 key (:func:`~autoscout_optuna.samplers._mcts.tree.row_keys`).
     """
     keep = np.ones(len(candidates), dtype=bool)
+    if len(codes) == 0 or len(candidates) == 0:
+        return candidates[keep]
     asked = codes != ABSENT
-    for mask in unique_rows(asked)[0]:
+    masks, group, _ = unique_rows(asked)
+    low = min(int(codes.min()), int(candidates.min()))
+    base = max(int(codes.max()), int(candidates.max())) - low + 1
+    for g, mask in enumerate(masks):
         if not mask.any():
             continue  # failed before its first structural choice: says nothing about any
-        rows = codes[np.all(asked == mask, axis=1)][:, mask]
-        keep &= ~np.isin(_as_records(candidates[:, mask]), _as_records(rows))
+        mine, rows = candidates[:, mask], codes[group == g][:, mask]
+        keys = row_keys(mine, low, base)
+        if keys is None:
+            keep &= ~np.isin(_as_records(mine), _as_records(rows))
+            continue
+        # a binary search in the sorted row keys: np.isin sorts both sides (5x the time)
+        taken = np.sort(row_keys(rows, low, base))
+        place = np.minimum(np.searchsorted(taken, keys), len(taken) - 1)
+        keep &= taken[place] != keys
     return candidates[keep]
 
 

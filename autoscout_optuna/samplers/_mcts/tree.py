@@ -201,6 +201,16 @@ def narrow(codes: np.ndarray, rows: np.ndarray, column: int, code: int) -> np.nd
     return rows[(col == code) | (col == ABSENT)]
 
 
+def row_keys(rows: np.ndarray, low: int, base: int) -> np.ndarray | None:
+    """Each int row as one int64: its values minus ``low`` as digits in ``base``, the first
+    column most significant (so keys sort as the rows do); None where a key could overflow.
+    Every value must lie in ``[low, low + base)``."""
+    if base ** rows.shape[1] >= 2**62:
+        return None
+    powers = base ** np.arange(rows.shape[1] - 1, -1, -1, dtype=np.int64)
+    return (rows.astype(np.int64) - low) @ powers  # integers: exact, and no BLAS
+
+
 def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``np.unique(rows, axis=0, return_inverse=True, return_counts=True)`` for int rows.
 
@@ -217,15 +227,12 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if len(rows) == 0:
         return rows, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     low = int(rows.min())
-    base = int(rows.max()) - low + 1
-    if base ** rows.shape[1] >= 2**62:
+    key = row_keys(rows, low, int(rows.max()) - low + 1)
+    if key is None:
         unique, inverse, counts = np.unique(
             rows, axis=0, return_inverse=True, return_counts=True
         )
         return unique, inverse.reshape(-1), counts
-    key = np.zeros(len(rows), dtype=np.int64)
-    for column in range(rows.shape[1]):
-        key = key * base + (rows[:, column].astype(np.int64) - low)
     _, first, inverse, counts = np.unique(
         key, return_index=True, return_inverse=True, return_counts=True
     )
