@@ -16,7 +16,7 @@ from autoscout_optuna.samplers._autoscout.conditions import (
 from autoscout_optuna.samplers._autoscout.history_table import HistoryTable
 from autoscout_optuna.samplers._autoscout.reader import Seen
 from autoscout_optuna.samplers._autoscout.startup import infer_conditions
-from autoscout_optuna.samplers._autoscout.surrogate import encode, value_lookups
+from autoscout_optuna.samplers._autoscout.surrogate import encode, scored_gram, value_lookups
 
 NAMES = ["tp", "pp", "mode", "zero"]
 VALUES = [[1, 2, 4, 8], [1, 2, 4, 8], ["none", "selective", "full"], [0, 1, 2, 3]]
@@ -67,6 +67,8 @@ def assert_reads_as_rebuilt(table, history, value_lists=VALUES):
     assert list(inputs.kinds) == kinds
     assert np.array_equal(inputs.scores, np.asarray(scores, dtype=float), equal_nan=True)
     assert inputs.conditions == conditions
+    # the kept gram plus the new rows' is, bit for bit, the gram of all rows
+    assert np.array_equal(inputs.gram, scored_gram(codes, kinds, value_offsets(value_lists)))
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -1,13 +1,14 @@
 """The model arm's table of the history, extended as trials finish (a cache, not state).
 
-A model proposal needs every trial's structural codes, kind and score, and the dependency tree
-read from them. Built from scratch, that walks every record of the history on every proposal:
-at 1,000 trials, more of the arm's time than its numeric work. Finished trials never change,
-and the history reader hands back the very same record objects for them, so the table keeps
-the rows of the history's finished start (up to its first running trial) and a proposal reads
-only the records after them. Whenever the history no longer starts with the kept records (a
-study recreated, a running trial in the middle finished, other value lists), the table starts
-over from the history, so it answers exactly what a rebuild would.
+A model proposal needs every trial's structural codes, kind and score, the dependency tree read
+from them, and its ridge's ``X^T W X`` (sums of counts and halves: exact in any order). Built
+from scratch, that walks every record of the history on every proposal: at 1,000 trials, more
+of the arm's time than its numeric work. Finished trials never change, and the history reader
+hands back the very same record objects for them, so the table keeps the rows of the history's
+finished start (up to its first running trial) and a proposal reads only the records after
+them. Whenever the history no longer starts with the kept records (a study recreated, a
+running trial in the middle finished, other value lists), the table starts over from the
+history, so it answers exactly what a rebuild would.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from autoscout_optuna.samplers._autoscout.conditions import ConditionEvidence, value_offsets
 from autoscout_optuna.samplers._autoscout.reader import Seen
-from autoscout_optuna.samplers._autoscout.surrogate import encode, value_lookups
+from autoscout_optuna.samplers._autoscout.surrogate import encode, scored_gram, value_lookups
 from autoscout_optuna.samplers._mcts.encoding import value_key
 
 # Structures whose codes the table keeps before it starts that memo over.
@@ -37,12 +38,14 @@ class ModelInputs:
         kinds: Per trial, ``"real"``, ``"estimate"``, ``"failed"`` or ``"pending"``.
         scores: Per trial, its oriented score (nan where it has none).
         conditions: The dependency tree, as ``conditions_of`` reads it from ``codes``.
+        gram: The ridge's ``X^T W X`` over the scored trials (``surrogate.scored_gram``).
     """
 
     codes: np.ndarray
     kinds: np.ndarray
     scores: np.ndarray
     conditions: dict[str, dict[str, list[Any]]]
+    gram: np.ndarray
 
 
 class HistoryTable:
@@ -64,7 +67,9 @@ class HistoryTable:
         self._codes = np.zeros((0, len(value_lists)), dtype=int)
         self._kinds = np.zeros(0, dtype=str)
         self._scores = np.zeros(0)
-        self._evidence = ConditionEvidence(value_offsets(value_lists))
+        self._offsets = value_offsets(value_lists)
+        self._evidence = ConditionEvidence(self._offsets)
+        self._gram = scored_gram(self._codes, self._kinds, self._offsets)
 
     def read(
         self, history: Sequence[Seen], names: Sequence[str],
@@ -92,15 +97,19 @@ class HistoryTable:
                 self._kinds = np.concatenate([self._kinds, kinds[:finished]])
                 self._scores = np.concatenate([self._scores, scores[:finished]])
                 self._evidence.add(codes[:finished])
-            evidence = self._evidence
+                self._gram = self._gram + scored_gram(codes[:finished], kinds[:finished],
+                                                      self._offsets)
+            evidence, gram = self._evidence, self._gram
             if finished < len(tail):  # running trials (or finished after one): this read only
                 evidence = evidence.copy()
                 evidence.add(codes[finished:])
+                gram = gram + scored_gram(codes[finished:], kinds[finished:], self._offsets)
             return ModelInputs(
                 codes=np.concatenate([self._codes, codes[finished:]]),
                 kinds=np.concatenate([self._kinds, kinds[finished:]]),
                 scores=np.concatenate([self._scores, scores[finished:]]),
                 conditions=evidence.conditions(names, value_lists),
+                gram=gram,
             )
 
     def _encode(self, names: Sequence[str], records: Sequence[Seen]) -> np.ndarray:

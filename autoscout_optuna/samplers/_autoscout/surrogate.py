@@ -97,11 +97,13 @@ def propose_encoded(
     scores: Sequence[float | None],
     conditions: Mapping[str, Mapping[str, Sequence[Any]]],
     rng: np.random.Generator,
+    gram: np.ndarray | None = None,
 ) -> Proposal | None:
-    """:func:`propose` on trials already encoded (``codes``, as :func:`encode` returns)."""
+    """:func:`propose` on trials already encoded (``codes``, as :func:`encode` returns);
+    ``gram``, where the caller keeps it, is :func:`scored_gram` of these trials."""
     lookups = value_lookups(value_lists)
     kind = np.asarray(kinds, dtype=str)
-    scored = (kind == "real") | (kind == "estimate")
+    scored = _scored(kind)
     if scored.sum() < MIN_SCORED:
         return None
     n_values = [len(v) for v in value_lists]
@@ -109,8 +111,7 @@ def propose_encoded(
     scored_scores = np.asarray(scores, dtype=float)[scored]
     weights = draw_weights(
         feature_indices(codes[scored], offsets), 1 + int(offsets[-1]),
-        log_scores(scored_scores), np.where(kind[scored] == "estimate", ESTIMATE_WEIGHT, 1.0),
-        rng,
+        log_scores(scored_scores), _ridge_weights(kind[scored]), rng, gram=gram,
     )
     order = np.argsort(-scored_scores, kind="stable")
     templates = codes[np.flatnonzero(scored)[order[:N_TEMPLATES]]]
@@ -179,16 +180,35 @@ def predict(features: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return padded[features].sum(axis=1)
 
 
-def draw_weights(
-    features: np.ndarray, n_weights: int, y: np.ndarray, w: np.ndarray,
-    rng: np.random.Generator,
-) -> np.ndarray:
-    """One draw of (intercept, weights) from the Bayesian ridge posterior.
+def _scored(kind: np.ndarray) -> np.ndarray:
+    """Which rows the ridge fits: those with a score."""
+    return (kind == "real") | (kind == "estimate")
 
-    The design is one-hot, so ``X^T W X`` and ``X^T W y`` are sums over each row's pairs of
-    chosen weights (``features``, from :func:`feature_indices`): counted, not multiplied. Matrix
-    products through BLAS spin its threads when the cores are busy (a ~1,000 x 60 product
-    took 39 ms instead of 0.3 beside another process on 2 cores).
+
+def _ridge_weights(kind: np.ndarray) -> np.ndarray:
+    """Each scored row's weight in the ridge: ``ESTIMATE_WEIGHT`` for an estimate."""
+    return np.where(kind == "estimate", ESTIMATE_WEIGHT, 1.0)
+
+
+def scored_gram(codes: np.ndarray, kinds: Sequence[str], offsets: np.ndarray) -> np.ndarray:
+    """``X^T W X`` of the ridge over the scored rows of ``codes`` (:func:`gram_matrix`).
+
+    Its entries are sums of the row weights, 1 and ``ESTIMATE_WEIGHT`` = 0.5: exact in
+    floating point in any order, so the sum of the grams of two parts of a history is, bit for
+    bit, the gram of the whole (a caller can keep it and add only new rows).
+    """
+    kind = np.asarray(kinds, dtype=str)
+    scored = _scored(kind)
+    return gram_matrix(feature_indices(codes[scored], offsets), 1 + int(offsets[-1]),
+                       _ridge_weights(kind[scored]))
+
+
+def gram_matrix(features: np.ndarray, n_weights: int, w: np.ndarray) -> np.ndarray:
+    """``X^T W X`` of the one-hot design whose rows are ``features`` (from
+    :func:`feature_indices`), weighted by ``w``: counted, not multiplied.
+
+    Matrix products through BLAS spin its threads when the cores are busy (a ~1,000 x 60
+    product took 39 ms instead of 0.3 beside another process on 2 cores).
     """
     n, m = features.shape
     # Each weight sits in one column (the intercept in column 0, each param in its own block),
@@ -206,7 +226,23 @@ def draw_weights(
     ).reshape(n_weights, n_weights)
     own = np.bincount(features[chosen], weights=np.broadcast_to(w[:, None], (n, m))[chosen],
                       minlength=n_weights)
-    gram = half + half.T + np.diag(own)
+    return half + half.T + np.diag(own)
+
+
+def draw_weights(
+    features: np.ndarray, n_weights: int, y: np.ndarray, w: np.ndarray,
+    rng: np.random.Generator, gram: np.ndarray | None = None,
+) -> np.ndarray:
+    """One draw of (intercept, weights) from the Bayesian ridge posterior.
+
+    The design is one-hot, so ``X^T W X`` (:func:`gram_matrix`; ``gram`` where the caller
+    has it) and ``X^T W y`` are sums over each row's chosen weights (``features``, from
+    :func:`feature_indices`).
+    """
+    if gram is None:
+        gram = gram_matrix(features, n_weights, w)
+    m = features.shape[1]
+    chosen = features >= 0
     rhs = np.bincount(features[chosen], weights=np.repeat(w * y, m)[chosen.ravel()],
                       minlength=n_weights)
     prior = np.full(n_weights, PRIOR_PRECISION)

@@ -116,6 +116,10 @@ class TableBuilder:
         self._first_seen: dict[str, tuple[int, int]] = {}
         self._latest: dict[str, tuple[int, BaseDistribution]] = {}
         self._spec: tuple | None = None
+        # the columns of ``_spec``, their values and value codes (rebuilt when it changes)
+        self._columns: list[str] = []
+        self._values: list[list[Any]] = []
+        self._lookups: list[dict[Any, int]] = []
         self._rows: dict[int, tuple[np.ndarray, ...]] = {}
         self._dense_ids: dict[tuple[tuple[str, Any], ...], int] = {}
         self._learner = DependencyLearner(0)
@@ -166,10 +170,13 @@ class TableBuilder:
             self._spec, self._rows = spec, {}
             self._clear_stack()
             self._dense_ids, self._learner = {}, DependencyLearner(len(spec))
-        columns = [name for name, _ in spec]
+            self._columns = [name for name, _ in spec]
+            self._values = [discrete_values(dist) for _, dist in spec]
+            self._lookups = [{value_key(v): i for i, v in enumerate(vals)}
+                             for vals in self._values]
+        # copies: a table is handed out, the lists stay with the builder
+        columns, values, lookups = list(self._columns), list(self._values), self._lookups
         distributions = [dist for _, dist in spec]
-        values = [discrete_values(dist) for dist in distributions]
-        lookups = [{value_key(v): i for i, v in enumerate(vals)} for vals in values]
         index = {name: j for j, name in enumerate(columns)}
         numbers = sorted(self._finished)
         if self._stacked != numbers[: len(self._stacked)]:
