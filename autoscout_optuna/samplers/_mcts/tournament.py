@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscout_optuna.samplers._mcts.tree import unique_rows
+from autoscout_optuna.samplers._mcts.tree import OTHER, row_keys, unique_rows
 
 
 @dataclass(frozen=True)
@@ -256,13 +256,11 @@ def group_ids(codes: np.ndarray, columns: Sequence[int]) -> np.ndarray:
     n = len(codes)
     if not columns:
         return np.zeros(n, dtype=np.int64)
-    base = int(codes[:, list(columns)].max()) + 3  # codes start at OTHER = -2
+    chosen = codes[:, list(columns)]
+    base = int(chosen.max()) - OTHER + 1  # codes start at OTHER
     if base ** len(columns) > 1_000_000:  # too many cells for a dense count: compress
-        return unique_rows(codes[:, list(columns)])[1]
-    key = np.zeros(n, dtype=np.int64)
-    for column in columns:
-        key = key * base + (codes[:, column] + 2)
-    return key
+        return unique_rows(chosen)[1]
+    return row_keys(chosen, OTHER, base)
 
 
 def ordering_score(spread: SpreadOfRows, order: Sequence[int], depth: int) -> float:
