@@ -6,6 +6,7 @@ import pytest
 
 from autoscout_optuna import Infeasible, studies
 from autoscout_optuna.benchmark.suites import _fidelity_report, fidelity
+from autoscout_optuna.benchmark.suites._oracle import ORACLE_KEY, OraclePruner, with_oracle_value
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +52,12 @@ def test_suites_compare_the_same_sampler_with_and_without_simulators():
     (suite,) = fidelity.suites(quick=True)
     names = [c.name for c in suite.contenders]
     assert names[0] == fidelity.SAMPLER
-    assert all(name.startswith(fidelity.SAMPLER + "+sim") for name in names[1:])
+    assert all(name.startswith((fidelity.SAMPLER + "+sim", fidelity.SAMPLER + "+oracle"))
+               for name in names[1:])
     assert all(c.make_pruner is not None for c in suite.contenders[1:])
+    oracles = [c for c in suite.contenders if "+oracle" in c.name]
+    assert len(oracles) == len(fidelity.ORACLE_TOLERANCES)
+    assert all(isinstance(c.make_pruner(0), OraclePruner) for c in oracles)
 
 
 def test_run_stats_counts_only_real_runs():
@@ -70,3 +75,61 @@ def test_run_stats_counts_only_real_runs():
     stats = _fidelity_report.run_stats(pd.DataFrame(rows))
     assert stats.loc[0, "real_runs_to_99"] == 2 and stats.loc[0, "reached_99"]
     assert stats.loc[0, "real_runs_total"] == 2
+
+
+def _oracle_states(values, direction, tolerance):
+    """States of trials whose noiseless value is each of ``values`` in turn, under the oracle."""
+    study = optuna.create_study(direction=direction, pruner=OraclePruner(tolerance=tolerance))
+    for value in values:
+        study.enqueue_trial({"x": value})
+
+    def objective(trial):
+        x = trial.suggest_float("x", 0.0, 10.0)
+        trial.set_user_attr(ORACLE_KEY, x)
+        trial.report(x * 1.5, 0)  # a badly scaled estimate: the oracle must not read it
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+        return x
+
+    study.optimize(objective, n_trials=len(values))
+    return [t.state.name[0] for t in study.trials], study
+
+
+def test_oracle_pruner_runs_exactly_what_beats_the_best_real_run():
+    states, study = _oracle_states([5, 3, 7, 6, 7, 9], "maximize", 0.0)
+    assert states == ["C", "P", "C", "P", "P", "C"]  # a tie with the best is no improvement
+    reasons = [t.user_attrs["autoscout:fidelity_reason"] for t in study.trials]
+    assert reasons == ["oracle_real", "oracle_simulator", "oracle_real", "oracle_simulator",
+                       "oracle_simulator", "oracle_real"]
+    # the pruner's own records stay, so the sampler reads the study as with FidelityPruner
+    assert study.trials[1].user_attrs["autoscout:estimate"] == 4.5
+    states, _ = _oracle_states([5, 3, 2, 4, 1], "minimize", 0.0)
+    assert states == ["C", "C", "C", "P", "C"]
+
+
+def test_oracle_tolerance_runs_what_comes_close_to_the_best():
+    states, _ = _oracle_states([5, 4.9, 4.7, 5.2, 5.0], "maximize", 0.03)
+    assert states == ["C", "C", "P", "C", "P"]  # 5.0 < 5.2 - 3 % of 5.2
+    states, _ = _oracle_states([5, 5.1, 5.2, 4], "minimize", 0.03)
+    assert states == ["C", "C", "P", "C"]
+
+
+def test_oracle_without_a_noiseless_value_decides_as_the_pruner_does():
+    study = optuna.create_study(pruner=OraclePruner())
+    trial = study.ask()
+    trial.report(1.0, 0)
+    assert not trial.should_prune()  # warm-up: the first real runs go through
+    assert study.trials[0].user_attrs["autoscout:fidelity_reason"] == "warm_up"
+
+
+@pytest.mark.parametrize("tolerance", [-0.1, 1.0, "3%", float("nan")])
+def test_oracle_rejects_a_bad_tolerance(tolerance):
+    with pytest.raises(ValueError, match="tolerance"):
+        OraclePruner(tolerance=tolerance)
+
+
+def test_with_oracle_value_records_the_noiseless_value(serving):
+    _, trial, config = _trial_with(serving)
+    simulate = with_oracle_value(serving, lambda t, c: 123.0)
+    assert simulate(trial, config) == 123.0
+    assert trial.user_attrs[ORACLE_KEY] == serving.measure(config, None)

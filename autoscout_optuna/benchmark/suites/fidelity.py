@@ -8,7 +8,11 @@ simulator: the noiseless reference value times ``max(0.05, 1 + sigma * N(0, 1))`
 drawn per trial from ``(seed, trial number)``, for sigma in 0, 20, 50 and 80%; a systematically
 biased simulator (the reference value times ``exp(b)``, ``b`` the sum of a fixed log-factor
 in [-0.25, 0.25] per structural knob value, so whole structures are over- or under-rated); and,
-with ``contenders(with_analytic=True)``, the study's own analytic simulator. Only COMPLETE
+with ``contenders(with_analytic=True)``, the study's own analytic simulator. Two diagnostic
+contenders replace the pruner by one that knows the truth (``_oracle.OraclePruner``, 20 %
+noise): it runs for real only the trials whose noiseless value beats the best real run (or
+comes within 3 % of it): what a pruner that never wastes a real run would need, and whether the
+limit is the pruner or the path the sampler takes through noisy estimates. Only COMPLETE
 trials are real runs, and only they carry ``true_value``: a pruned trial is never "found".
 Every run has the same budget of real runs (``REAL_RUN_BUDGET``; simulated trials are cheap,
 so a run stops at its real-run budget or at ``n_trials`` trials, whichever comes first).
@@ -42,8 +46,13 @@ from autoscout_optuna.benchmark.suites._fidelity_report import (
     ensemble_throughput,
     write_fidelity_report,
 )
+from autoscout_optuna.benchmark.suites._oracle import OraclePruner, with_oracle_value
 
 NOISE_LEVELS = (0.0, 0.2, 0.5, 0.8)
+# The oracle pruner's runs (``_oracle.py``): what the best possible pruner would need at this
+# noise, run for real only the trials within each tolerance of the best real run
+ORACLE_NOISE = 0.2
+ORACLE_TOLERANCES = (0.0, 0.03)
 # Same real-run budget for every contender: the sampler alone reaches 99% within ~180 real runs
 # on the seeds where it gets there at all (it plateaus at 0.95-0.98 on the others, up to 800
 # real runs measured), so more real runs would only lengthen the suite.
@@ -114,12 +123,19 @@ def make_reference_objective(budget: int, definition: StudyDefinition, seed: int
 
 
 def make_objective(
-    kind: str, sigma: float, budget: int, definition: StudyDefinition, seed: int
+    kind: str, sigma: float, budget: int, definition: StudyDefinition, seed: int,
+    oracle: bool = False,
 ) -> Any:
-    return stop_after_real_runs(_simulated_objective(kind, sigma, definition, seed), budget)
+    """The simulated objective; ``oracle``: it also records each config's noiseless value for
+    :class:`~autoscout_optuna.benchmark.suites._oracle.OraclePruner`."""
+    return stop_after_real_runs(
+        _simulated_objective(kind, sigma, definition, seed, oracle), budget
+    )
 
 
-def _simulated_objective(kind: str, sigma: float, definition: StudyDefinition, seed: int) -> Any:
+def _simulated_objective(
+    kind: str, sigma: float, definition: StudyDefinition, seed: int, oracle: bool = False
+) -> Any:
     from autoscout_optuna.fidelity import from_definition
 
     if kind == "noise":
@@ -128,6 +144,8 @@ def _simulated_objective(kind: str, sigma: float, definition: StudyDefinition, s
         simulate = functools.partial(biased_reference, definition, seed)
     else:
         simulate = functools.partial(analytic, definition)
+    if oracle:
+        simulate = with_oracle_value(definition, simulate)
     return from_definition(definition, noise_seed=seed, simulate=simulate)
 
 
@@ -144,6 +162,17 @@ def contenders(
     alone = Contender(
         SAMPLER, make_sampler, make_objective=functools.partial(make_reference_objective, budget)
     )
+    oracles = [
+        Contender(
+            f"{SAMPLER}+oracle pruner{_within(tolerance)}, sim noise {round(100 * ORACLE_NOISE)}%",
+            make_sampler,
+            make_pruner=functools.partial(_make_oracle, tolerance),
+            make_objective=functools.partial(
+                make_objective, "noise", ORACLE_NOISE, budget, oracle=True
+            ),
+        )
+        for tolerance in ORACLE_TOLERANCES
+    ]
     return [alone] + [
         Contender(
             name,
@@ -152,7 +181,15 @@ def contenders(
             make_objective=functools.partial(make_objective, kind, sigma, budget),
         )
         for name, kind, sigma in with_simulator
-    ]
+    ] + oracles
+
+
+def _make_oracle(tolerance: float, seed: int) -> optuna.pruners.BasePruner:
+    return OraclePruner(tolerance=tolerance)
+
+
+def _within(tolerance: float) -> str:
+    return f" within {100 * tolerance:g}%" if tolerance else ""
 
 
 def suites(quick: bool = False) -> list[Suite]:
