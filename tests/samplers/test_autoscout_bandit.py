@@ -93,3 +93,22 @@ def test_infer_conditions_finds_parent():
     assert conditions["tp_size"] == {"parallel": ["tp"]}
     assert conditions["stages"] == {"parallel": ["pp"]}
     assert "lr" not in conditions
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_arm_statistics_are_the_discounted_sums_of_each_arms_pulls(seed):
+    # reference: one loop over the pulls per arm, in their order (the floats must match exactly)
+    rng = np.random.default_rng(seed)
+    arms = ["explore", "refine", "model"]
+    pulls = [Pull(str(rng.choice(arms + ["other"])), float(rng.normal()), float(rng.random()),
+                  int(rng.integers(0, 60))) for _ in range(300)]
+    _, _, stats = choose_arm(arms, pulls, np.random.default_rng(0), floor=0.0, discount=0.93)
+    for arm in arms:
+        mass = total = 0.0
+        for pull in pulls:
+            if pull.arm == arm:
+                w = pull.weight * 0.93**pull.age
+                mass += w
+                total += w * pull.reward
+        assert stats[arm].pulls == mass
+        assert stats[arm].mean == total / (mass + 1.0)

@@ -88,7 +88,8 @@ def test_the_digest_scale_follows_every_new_score():
     digest = StudyDigest()
     assert digest.scale() == score_scale([])
     for number, (kind, score) in enumerate([("real", 3.0), ("failed", None), ("real", 5.0),
-                                            ("estimate", 4.0), ("real", 9.0)]):
+                                            ("estimate", 4.0), ("real", float("inf")),
+                                            ("real", 9.0), ("real", 4.0), ("real", -2.0)]):
         digest.add(Seen(number=number, params={}, distributions={}, kind=kind, score=score,
                         user_attrs={}, structure=(), config=(), arm="explore"))
         assert digest.scale() == score_scale(digest.scores)

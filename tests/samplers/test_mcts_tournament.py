@@ -157,3 +157,13 @@ def test_each_column_at_once_gives_exactly_the_one_column_answers(n_rows, n_colu
     spread = SpreadOfRows(codes, rewards, weights)
     one_by_one = [SpreadOfRows(codes, rewards, weights)([c]) for c in range(n_columns)]
     assert spread.each_column().tolist() == one_by_one
+
+
+def test_dependencies_asked_after_every_row_match_a_fresh_learning_of_those_rows():
+    # the learner keeps its answer until the next row: every answer must still be current
+    codes, positions, _, _ = _conditional_table(n=25, seed=3)
+    learner = DependencyLearner(codes.shape[1])
+    for i in range(len(codes)):
+        learner.add(codes[i], positions[i])
+        assert learner.dependencies() == learn_dependencies(codes[: i + 1], positions[: i + 1])
+        assert learner.dependencies() is learner.dependencies()

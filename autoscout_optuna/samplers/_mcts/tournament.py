@@ -82,9 +82,11 @@ class DependencyLearner:
         self._with: list[list[set[int]]] = [[set() for _ in range(p)] for _ in range(p)]
         self._without: list[list[set[int]]] = [[set() for _ in range(p)] for _ in range(p)]
         self._unsure: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(p)]
+        self._learned: Dependencies | None = None  # what ``dependencies`` gave since the last row
 
     def add(self, codes: np.ndarray, positions: np.ndarray, complete: bool = True) -> None:
         """One row: its codes and ask positions (-1: not asked), and whether it ran to the end."""
+        self._learned = None
         asked = positions >= 0
         values = codes.tolist()
         for child in np.flatnonzero(asked).tolist():
@@ -118,6 +120,13 @@ class DependencyLearner:
             self._without[child][j].add(values[j])
 
     def dependencies(self) -> Dependencies:
+        """What the rows so far say (kept until the next row: a plan asks for it every trial,
+        and most trials add no finished row in between). Callers only read it."""
+        if self._learned is None:
+            self._learned = self._learn()
+        return self._learned
+
+    def _learn(self) -> Dependencies:
         must_follow: dict[int, frozenset[int]] = {}
         inactive_under: dict[int, dict[int, frozenset[int]]] = {}
         for child in np.flatnonzero(self._asked_child & self._skipped_child).tolist():
