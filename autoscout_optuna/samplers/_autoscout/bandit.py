@@ -84,10 +84,14 @@ def choose_arm(
     if not 0.0 <= floor < 1.0 / len(arms) + 1e-12:
         raise ValueError(f"floor must be in [0, 1/len(arms)], got {floor}")
     pending = pending or {}
-    masses, totals = _discounted_sums(arms, pulls, discount)
     stats: dict[str, ArmStats] = {}
     for arm in arms:
-        mass, total = masses[arm], totals[arm]
+        mass, total = 0.0, 0.0
+        for pull in pulls:
+            if pull.arm == arm:
+                w = pull.weight * discount**pull.age
+                mass += w
+                total += w * pull.reward
         mean = total / (mass + PRIOR_PULLS)
         mass += pending.get(arm, 0)
         draw = float(rng.normal(mean, SIGMA / np.sqrt(mass + PRIOR_PULLS)))
@@ -102,26 +106,6 @@ def choose_arm(
     others = ", ".join(f"{a}={stats[a].draw:+.3f}" for a in arms if a != arm)
     mine = f"{arm} drew {stats[arm].draw:+.3f} (mean {stats[arm].mean:+.3f})"
     return arm, f"thompson: {mine} vs {others}", stats
-
-
-def _discounted_sums(
-    arms: Sequence[str], pulls: Sequence[Pull], discount: float
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Per arm, ``sum(weight * discount**age)`` and ``sum(weight * discount**age * reward)``
-    over its pulls, in one pass; each arm's sums are added in the pulls' order, so they are the
-    very floats of a loop over the pulls per arm."""
-    masses = dict.fromkeys(arms, 0.0)
-    totals = dict.fromkeys(arms, 0.0)
-    factors: dict[int, float] = {}
-    for arm, reward, weight, age in pulls:
-        if arm in masses:
-            factor = factors.get(age)
-            if factor is None:
-                factor = factors[age] = discount**age
-            w = weight * factor
-            masses[arm] += w
-            totals[arm] += w * reward
-    return masses, totals
 
 
 def alternate(arms: Sequence[str], index: int) -> tuple[str, str]:

@@ -10,13 +10,11 @@ state: it is dropped on pickling and rebuilt from storage on demand.
 from __future__ import annotations
 
 import bisect
-import math
 import threading
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial
@@ -89,9 +87,6 @@ class StudyDigest:
         self.refinements: dict[Hashable, list[tuple[int, dict[str, float | None]]]] = {}
         self._noise: float | None = None
         self._scale: tuple[int, float] | None = None  # (how many scores it saw, the scale)
-        # The finite scores, sorted as they arrive: the scale's quantiles need only the values,
-        # and inserting one is cheaper than re-reading thousands of Python floats per trial.
-        self._sorted_scores = np.zeros(0)
         # The configs measured more than once, by their place in ``repeats`` (the noise sums
         # them in that order), so the noise need not look at the configs measured once.
         self._places: dict[tuple[tuple[str, str], ...], int] = {}
@@ -113,9 +108,6 @@ class StudyDigest:
                           key=_number)
         if seen.score is not None:
             self.scores.append(seen.score)
-            if math.isfinite(seen.score):
-                place = int(np.searchsorted(self._sorted_scores, seen.score))
-                self._sorted_scores = np.insert(self._sorted_scores, place, seen.score)
             self.examples.setdefault(seen.structure, seen)
         if seen.kind == "real":
             group = self.repeats.setdefault(seen.config, [])
@@ -146,8 +138,7 @@ class StudyDigest:
         """``score_scale`` of every finished score (recomputed when a score arrives: several
         rules read it per trial, and a quantile of thousands of scores is not free)."""
         if self._scale is None or self._scale[0] != len(self.scores):
-            # the same quantiles as of ``self.scores``: they depend on the values, not the order
-            self._scale = (len(self.scores), score_scale(self._sorted_scores))
+            self._scale = (len(self.scores), score_scale(self.scores))
         return self._scale[1]
 
     def noise(self) -> float:
