@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoscout_optuna._history import measurement_grade
 from autoscout_optuna.fidelity._error import SimulatorError, _median_ratio, measure_error
 
 SIMULATOR = "simulator"
@@ -21,6 +22,9 @@ REAL = "real"
 COULD_BEAT_BEST = "could_beat_best"
 TOP_FRACTION = "top_fraction"
 SELECTED_REASONS = frozenset({COULD_BEAT_BEST, TOP_FRACTION})
+# A structure already run for real, while the simulator is short of measurement grade: its
+# estimate could only mark a dense point as judged (see ``FidelityPruner``)
+MEASURED_STRUCTURE = "measured_structure"
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class FidelitySettings:
     trust_window: int | None = None  # None: ``window`` alone decides trust
     trust_confidence: float | None = None  # None: the trust window's median error, no bound
     selection_aware: bool = False  # calibrate on pairs whose real run the estimate did not pick
+    real_for_measured_structures: bool = False  # see ``MEASURED_STRUCTURE``
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,8 @@ class FidelityDecision:
     Attributes:
         fidelity: ``"simulator"`` (trust the estimate, prune) or ``"real"`` (run it).
         reason: ``"no_estimate"``, ``"warm_up"``, ``"simulator_error_high"``,
-            ``"periodic_validation"``, ``"could_beat_best"``, ``"top_fraction"`` or
-            ``"not_promising"``.
+            ``"periodic_validation"``, ``"could_beat_best"``, ``"top_fraction"``,
+            ``"measured_structure"`` or ``"not_promising"``.
         error: The simulator's recent error when the decision was taken.
         estimate_rank: Fraction of earlier estimates better than this one (0 = best so far).
         trust_error: The error over the longer ``trust_window``; None when that window is off
@@ -76,6 +81,7 @@ def decide(
     settings: FidelitySettings,
     last_real_number: int | None = None,
     pair_selected: Sequence[bool] | None = None,
+    measured_structure: bool = False,
 ) -> FidelityDecision:
     """Decide the fidelity of one trial (all values raw, as the objective reported them).
 
@@ -94,6 +100,10 @@ def decide(
         pair_selected: Per pair, whether its real run was chosen *because of* its estimate
             (``could_beat_best``, ``top_fraction``); with ``selection_aware`` the calibration
             factor comes from the other pairs (see :func:`selection_free_scale`).
+        measured_structure: Whether the trial's structure (its structural params) already has
+            a real run; with ``real_for_measured_structures`` such a trial runs for real while
+            the simulator is short of measurement grade
+            (:func:`autoscout_optuna._history.measurement_grade`).
     """
     error = measure_error(
         pair_estimates, pair_reals, window=settings.window, rank_tolerance=settings.rank_tolerance
@@ -143,6 +153,10 @@ def decide(
         return FidelityDecision(REAL, COULD_BEAT_BEST, error, rank, trust_error)
     if settings.top_fraction is not None and rank < settings.top_fraction:
         return FidelityDecision(REAL, TOP_FRACTION, error, rank, trust_error)
+    # the same limits, on the same numbers, as the samplers apply to the recorded error detail
+    if settings.real_for_measured_structures and measured_structure \
+            and not measurement_grade(error.as_dict()):
+        return FidelityDecision(REAL, MEASURED_STRUCTURE, error, rank, trust_error)
     return FidelityDecision(SIMULATOR, "not_promising", error, rank, trust_error)
 
 

@@ -48,6 +48,8 @@ class FidelityPruner(BasePruner):
       structure with no real run yet is held to the incumbent structure's first real value
       with ``new_structure_control``),
     * optionally, the estimate ranks in the best ``top_fraction`` of all estimates so far,
+    * the trial's structure (its structural params) already has a real run while the
+      simulator is short of measurement grade (``real_for_measured_structures``),
 
     and prunes otherwise. A trial with no step-0 report always runs for real. The decision, the
     reason, the estimate and the error at that time are recorded as user attrs
@@ -121,6 +123,18 @@ class FidelityPruner(BasePruner):
             real run yet against the incumbent structure's *first* real value instead of the
             best real value: difference-in-differences, a structure at its stage 0 of dense
             tuning against the incumbent at its stage 0, as ``AutoScoutSampler`` credits it.
+        real_for_measured_structures: Run for real a trial whose structure already has a real
+            run while the simulator is short of measurement grade (calibrated relative error
+            above 5 % or rank discordance above 0.25, the limits under which the samplers take
+            an estimate as a measurement). Such a trial tunes the dense knobs of a known
+            structure, and its estimate could only mark its point as judged: the dense search
+            learns nothing from it, and with most of its probes pruned it stalls short of the
+            optimum. New structures are still judged by their estimates, which is where a
+            noisy simulator earns its keep. Fidelity suite, 20 % noise, 16 seeds: 99 % of the
+            optimum reached in 11/16 (training) and 12/16 (serving) seeds instead of 3/16 and
+            4/16; to 95 %, 44 and 65 real runs instead of 44 and 46.5. Only trials with
+            structural params (a study without any has one structure, always measured, and
+            would prune nothing). False: such trials are judged like any other.
     """
 
     def __init__(
@@ -140,11 +154,13 @@ class FidelityPruner(BasePruner):
         min_pairs: int = 5,
         selection_aware: bool = False,
         new_structure_control: bool = False,
+        real_for_measured_structures: bool = True,
     ) -> None:
         _validate.reals(error_threshold=error_threshold, rank_tolerance=rank_tolerance,
                         optimism=optimism)
         _validate.booleans(selection_aware=selection_aware,
-                           new_structure_control=new_structure_control)
+                           new_structure_control=new_structure_control,
+                           real_for_measured_structures=real_for_measured_structures)
         self._new_structure_control = bool(new_structure_control)
         _validate.optional_reals(rank_error_threshold=rank_error_threshold,
                                  top_fraction=top_fraction, validation_top=validation_top,
@@ -198,6 +214,7 @@ class FidelityPruner(BasePruner):
             trust_window=None if trust_window is None else int(trust_window),
             trust_confidence=None if trust_confidence is None else float(trust_confidence),
             selection_aware=bool(selection_aware),
+            real_for_measured_structures=bool(real_for_measured_structures),
         )
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
@@ -215,6 +232,9 @@ class FidelityPruner(BasePruner):
         maximize = study.direction == StudyDirection.MAXIMIZE
         pool, pair_estimates, pair_reals, reals, pair_selected = [], [], [], [], []
         runs: list[tuple[tuple, float]] = []  # (structure, real value), for the DiD bar
+        measured: set[tuple] = set()  # structures with a real run
+        track_structures = self._new_structure_control or \
+            self._settings.real_for_measured_structures
         last_real_number = None
         for other in get_trials(study):
             if other.number == trial.number:
@@ -225,8 +245,10 @@ class FidelityPruner(BasePruner):
             real = _real_of(other)
             if real is not None:
                 reals.append(real)
-                if self._new_structure_control:
-                    runs.append((structure_key(other.params, other.distributions), real))
+                if track_structures:
+                    key = structure_key(other.params, other.distributions)
+                    runs.append((key, real))
+                    measured.add(key)
             if other_estimate is None:
                 continue
             pool.append(other_estimate)
@@ -235,8 +257,8 @@ class FidelityPruner(BasePruner):
                 pair_reals.append(real)
                 pair_selected.append(selected_by_estimate(other.user_attrs))
         best_real = (max(reals) if maximize else min(reals)) if reals else None
+        own = structure_key(trial.params, trial.distributions) if track_structures else None
         if self._new_structure_control and best_real is not None:
-            own = structure_key(trial.params, trial.distributions)
             best_real = _structure_control(own, runs, maximize, best_real)
         return decide(
             trial_number=trial.number,
@@ -249,6 +271,9 @@ class FidelityPruner(BasePruner):
             settings=self._settings,
             last_real_number=last_real_number,
             pair_selected=pair_selected,
+            # a study without structural params has one structure, always measured: there
+            # the rule would prune nothing, so it applies where structure exists
+            measured_structure=bool(own) and own in measured,
         )
 
     def _record(self, study: optuna.Study, trial: FrozenTrial, decision: FidelityDecision) -> None:

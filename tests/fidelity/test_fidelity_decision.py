@@ -183,3 +183,18 @@ def test_selection_free_scale():
     assert scale == pytest.approx(0.5)
     assert selection_free_scale([2.0, 2.0], [1.0, 1.0], [False, True], window=10, min_pairs=3,
                                 fallback=0.9) == 0.9
+
+
+def test_a_measured_structure_runs_for_real_while_the_simulator_is_short_of_measurement_grade():
+    # 6.7 % calibrated error, the order right: trusted, but not as good as a measurement
+    noisy = dict(pair_estimates=[1.0, 2.3, 2.8, 4.4, 4.8], pair_reals=[1.0, 2.0, 3.0, 4.0, 5.0])
+    on = FidelitySettings(**{**SETTINGS.__dict__, "real_for_measured_structures": True})
+    decision = _decide(estimate=2.0, settings=on, measured_structure=True, **{**GOOD, **noisy})
+    assert (decision.fidelity, decision.reason) == ("real", "measured_structure")
+    # a new structure is still judged by its estimate, and so is everything with the rule off
+    assert _decide(estimate=2.0, settings=on, measured_structure=False,
+                   **{**GOOD, **noisy}).reason == "not_promising"
+    assert _decide(estimate=2.0, measured_structure=True,
+                   **{**GOOD, **noisy}).reason == "not_promising"
+    # a simulator as good as a measurement (right order, a constant factor) is trusted outright
+    assert _decide(estimate=2.0, settings=on, measured_structure=True).reason == "not_promising"

@@ -281,3 +281,56 @@ def test_new_structure_is_judged_against_the_incumbent_structure_at_its_first_ru
     assert judged("b", 0.4, new_structure_control=True) == "not_promising"
     # A structure with a real run keeps the best real value as its bar.
     assert judged("a", 0.7, new_structure_control=True) == "not_promising"
+
+
+@pytest.mark.parametrize("rule", [True, False])
+def test_a_structure_already_run_for_real_runs_again_while_the_simulator_is_not_measurement_grade(
+    rule,
+):
+    base = {"a": 10.0, "b": 5.0, "c": 1.0}
+    errors = [1.12, 0.9, 1.05, 0.93, 1.08, 0.95]  # ~7 % after calibration, the order kept
+
+    def objective(trial):
+        layout = trial.suggest_categorical("layout", ["a", "b", "c"])
+        x = trial.suggest_float("x", 0.0, 10.0)
+        truth = base[layout] + x
+        trial.report(truth * errors[trial.number % len(errors)], 0)
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+        return truth
+
+    study = optuna.create_study(direction="maximize", pruner=FidelityPruner(
+        validation_period=None, real_for_measured_structures=rule))
+    for layout, x in [("a", 9.0), ("b", 1.0), ("a", 5.0), ("b", 8.0), ("a", 2.0), ("b", 6.0),
+                      ("a", 0.5), ("c", 0.5)]:
+        study.enqueue_trial({"layout": layout, "x": x})
+    study.optimize(objective, n_trials=8)
+    known, new = study.trials[6], study.trials[7]
+    assert new.state == TrialState.PRUNED  # a new structure is judged by its estimate
+    reason = known.user_attrs["autoscout:fidelity_reason"]
+    if rule:
+        assert (known.state, reason) == (TrialState.COMPLETE, "measured_structure")
+    else:
+        assert (known.state, reason) == (TrialState.PRUNED, "not_promising")
+    assert 0.05 < known.user_attrs["autoscout:sim_error"] < 0.3
+
+
+def test_a_study_without_structural_params_is_pruned_as_before():
+    study = optuna.create_study(direction="maximize",
+                                pruner=FidelityPruner(validation_period=None))
+
+    def objective(trial):
+        x = trial.suggest_float("x", 0.0, 10.0)
+        trial.report(x * [1.12, 0.9, 1.05, 0.93, 1.08, 0.95, 1.0][trial.number], 0)
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+        return x
+
+    for x in [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.5]:
+        study.enqueue_trial({"x": x})
+    study.optimize(objective, n_trials=7)
+    last = study.trials[6]
+    # the rule's conditions but for structure: trusted, short of measurement grade
+    assert 0.05 < last.user_attrs["autoscout:sim_error"] < 0.3
+    assert (last.state, last.user_attrs["autoscout:fidelity_reason"]) == (
+        TrialState.PRUNED, "not_promising")
