@@ -235,6 +235,9 @@ class FidelityPruner(BasePruner):
         measured: set[tuple] = set()  # structures with a real run
         track_structures = self._new_structure_control or \
             self._settings.real_for_measured_structures
+        own = structure_key(trial.params, trial.distributions) if track_structures else None
+        own_estimates: list[float] = []  # the pairs of the trial's own structure
+        own_reals: list[float] = []
         last_real_number = None
         for other in get_trials(study):
             if other.number == trial.number:
@@ -256,8 +259,10 @@ class FidelityPruner(BasePruner):
                 pair_estimates.append(other_estimate)
                 pair_reals.append(real)
                 pair_selected.append(selected_by_estimate(other.user_attrs))
+                if track_structures and key == own:
+                    own_estimates.append(other_estimate)
+                    own_reals.append(real)
         best_real = (max(reals) if maximize else min(reals)) if reals else None
-        own = structure_key(trial.params, trial.distributions) if track_structures else None
         if self._new_structure_control and best_real is not None:
             best_real = _structure_control(own, runs, maximize, best_real)
         return decide(
@@ -274,6 +279,7 @@ class FidelityPruner(BasePruner):
             # a study without structural params has one structure, always measured: there
             # the rule would prune nothing, so it applies where structure exists
             measured_structure=bool(own) and own in measured,
+            structure_pairs=(own_estimates, own_reals),
         )
 
     def _record(self, study: optuna.Study, trial: FrozenTrial, decision: FidelityDecision) -> None:

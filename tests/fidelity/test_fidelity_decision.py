@@ -198,3 +198,17 @@ def test_a_measured_structure_runs_for_real_while_the_simulator_is_short_of_meas
                    **{**GOOD, **noisy}).reason == "not_promising"
     # a simulator as good as a measurement (right order, a constant factor) is trusted outright
     assert _decide(estimate=2.0, settings=on, measured_structure=True).reason == "not_promising"
+
+
+def test_a_structure_whose_own_estimates_are_measurement_grade_is_judged_by_them():
+    # wrong between structures (a bias per structure), right within this one: 30 % high on
+    # every one of its runs (min_pairs = 3 here: two pairs tell nothing yet)
+    noisy = dict(pair_estimates=[1.0, 2.3, 2.8, 4.4, 4.8], pair_reals=[1.0, 2.0, 3.0, 4.0, 5.0])
+    on = FidelitySettings(**{**SETTINGS.__dict__, "real_for_measured_structures": True})
+    biased = ([1.3, 1.56, 1.82, 2.08], [1.0, 1.2, 1.4, 1.6])
+    scattered = ([1.3, 1.2, 2.0, 1.7], [1.0, 1.2, 1.4, 1.6])
+    kwargs = dict(estimate=2.0, settings=on, measured_structure=True, **{**GOOD, **noisy})
+    assert _decide(structure_pairs=biased, **kwargs).reason == "not_promising"
+    assert _decide(structure_pairs=scattered, **kwargs).reason == "measured_structure"
+    assert _decide(structure_pairs=(biased[0][:2], biased[1][:2]),
+                   **kwargs).reason == "measured_structure"  # too few pairs to tell
