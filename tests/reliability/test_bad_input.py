@@ -143,6 +143,7 @@ BAD_ARGUMENTS = {
         "trust_confidence": [0, 1, NAN, "a"],
         "selection_aware": ["no", None, 1],
         "new_structure_control": ["yes", 1],
+        "real_for_measured_structures": ["yes", 1],
     },
     "SimulatorEnsemble": {
         "simulate": [5, "sim"],
