@@ -316,8 +316,8 @@ def test_a_structure_already_run_for_real_runs_again_while_the_simulator_is_not_
 
 
 def test_a_study_without_structural_params_is_pruned_as_before():
-    study = optuna.create_study(direction="maximize",
-                                pruner=FidelityPruner(validation_period=None))
+    study = optuna.create_study(direction="maximize", pruner=FidelityPruner(
+        validation_period=None, real_for_measured_structures=True))
 
     def objective(trial):
         x = trial.suggest_float("x", 0.0, 10.0)
