@@ -35,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--suite", nargs="+", action="extend", default=[], metavar="NAME",
                         help="suite or suite-module name (repeatable); default: all suites")
     parser.add_argument("--seeds", type=int, help="seeds per (study, contender)")
+    parser.add_argument("--first-seed", type=int,
+                        help="first seed (default 0): decide on one range, confirm on another")
+    parser.add_argument("--study", nargs="+", action="extend", default=[], metavar="TEXT",
+                        help="run only the studies whose label contains TEXT (repeatable); merged "
+                             "into the stored trials.csv like --contender")
     parser.add_argument("--trials", type=int, help="trials per run")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--contender", nargs="+", action="extend", default=[], metavar="NAME",
@@ -55,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             print(f"--{name} must be >= 1, got {value}", file=sys.stderr)
             return 2
+    if args.first_seed is not None and args.first_seed < 0:
+        print(f"--first-seed must be >= 0, got {args.first_seed}", file=sys.stderr)
+        return 2
     from autoscout_optuna.benchmark import suites as registry
 
     try:
@@ -67,18 +75,28 @@ def main(argv: list[str] | None = None) -> int:
         print("no --suite named; running all: " + ", ".join(s.name for s in chosen))
     command = "python -m autoscout_optuna.benchmark " + shlex.join(argv)
     for suite in chosen:
-        suite = _override(suite, seeds=args.seeds, trials=args.trials)
+        suite = _override(suite, seeds=args.seeds, trials=args.trials,
+                          first_seed=args.first_seed)
         rerun = _only(suite, args.contender)
         if rerun is None:
-            print(f"suite {suite.name} has no contender named {', '.join(args.contender)}; "
+            unknown = [n for n in args.contender if n not in {c.name for c in suite.contenders}]
+            print(f"suite {suite.name} has no contender named {', '.join(unknown)}; "
                   f"it has {', '.join(c.name for c in suite.contenders)}", file=sys.stderr)
             return 2
+        if args.study:
+            rerun = _studies(rerun, args.study)
+            if rerun is None:
+                print(f"suite {suite.name} has no study whose label contains "
+                      f"{' or '.join(map(repr, args.study))}; it has "
+                      f"{', '.join(suite.study_labels())}", file=sys.stderr)
+                return 2
         print(f"== suite {suite.name}: {len(suite.definitions)} studies x "
               f"{len(rerun.contenders)} contenders x {suite.n_seeds} seeds x "
               f"{suite.n_trials} trials", flush=True)
-        frame = run_suite(rerun, None if args.contender else args.out, n_workers=args.workers,
+        restricted = bool(args.contender or args.study)  # merged into the stored results
+        frame = run_suite(rerun, None if restricted else args.out, n_workers=args.workers,
                           log=lambda line: print(line, file=sys.stderr, flush=True))
-        if args.contender:
+        if restricted:
             _merge_into_report(suite, frame, args.out / suite.name)
         if suite.extra_report is not None and not args.quick:
             suite.extra_report(args.out / suite.name)
@@ -87,8 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _override(suite: Suite, *, seeds: int | None, trials: int | None) -> Suite:
+def _override(
+    suite: Suite, *, seeds: int | None, trials: int | None, first_seed: int | None = None
+) -> Suite:
     changes: dict = {}
+    if first_seed is not None:
+        changes["first_seed"] = first_seed
     if seeds is not None:
         changes["n_seeds"] = seeds
     if trials is not None:
@@ -98,15 +120,31 @@ def _override(suite: Suite, *, seeds: int | None, trials: int | None) -> Suite:
 
 
 def _only(suite: Suite, names: list[str]) -> Suite | None:
-    """``suite`` restricted to the named contenders (all when none named; None if none match)."""
+    """``suite`` restricted to the named contenders (all when none named; None if one of the
+    names is none of its contenders)."""
     if not names:
         return suite
+    known = {c.name for c in suite.contenders}
+    if not set(names) <= known:
+        return None  # a misspelt name is an error, not a silently smaller run
     kept = [c for c in suite.contenders if c.name in names]
-    return dataclasses.replace(suite, contenders=kept) if kept else None
+    return dataclasses.replace(suite, contenders=kept)
+
+
+def _studies(suite: Suite, texts: list[str]) -> Suite | None:
+    """``suite`` restricted to the studies whose label contains one of ``texts`` (None if none)."""
+    kept = [(label, definition) for label, definition
+            in zip(suite.study_labels(), suite.definitions, strict=True)
+            if any(text in label for text in texts)]
+    if not kept:
+        return None
+    labels, definitions = zip(*kept, strict=True)
+    return dataclasses.replace(suite, definitions=list(definitions), labels=list(labels))
 
 
 def _merge_into_report(suite: Suite, fresh: pd.DataFrame, directory: Path) -> None:
-    """Replace the rows of the re-run contenders in ``directory/trials.csv``; rewrite the report.
+    """Replace the rows of the re-run (study, contender) pairs in ``directory/trials.csv``;
+    rewrite the report.
 
     Runs are seeded and independent, so the other contenders' stored rows are what a full run
     would produce again: re-running only what changed saves the slow baselines (GP).
@@ -115,8 +153,9 @@ def _merge_into_report(suite: Suite, fresh: pd.DataFrame, directory: Path) -> No
 
     stored_path = directory / "trials.csv"
     stored = pd.read_csv(stored_path) if stored_path.is_file() else fresh.iloc[0:0]
-    rerun = set(fresh["contender"])
-    kept = stored[~stored["contender"].isin(rerun)]
+    # replaced per (study, contender): a re-run restricted with --study keeps the other studies
+    rerun = pd.MultiIndex.from_frame(fresh[["study", "contender"]].drop_duplicates())
+    kept = stored[~pd.MultiIndex.from_frame(stored[["study", "contender"]]).isin(rerun)]
     studies, contenders = suite.study_labels(), [c.name for c in suite.contenders]
     merged = pd.concat([kept, fresh], ignore_index=True)
     merged["_study"] = merged["study"].map(studies.index)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -168,6 +169,7 @@ def suites(quick: bool = False) -> list[Suite]:
                 "Scored on the noiseless "
                 f"reference value; GP runs {baselines.GP_SEEDS} seeds (its per-trial cost)."
             ),
+            extra_report=write_paired_report,
         ),
         Suite(
             name="autoscout-long",
@@ -210,6 +212,32 @@ def suites(quick: bool = False) -> list[Suite]:
             ),
         ),
     ]
+
+
+def write_paired_report(directory: Path) -> Path:
+    """``paired.md``: every contender against AutoScout's defaults, seed for seed.
+
+    The summary's medians differ by what each seed set happens to give; paired per seed, an
+    ablation's cost has an interval (``autoscout_optuna.benchmark.paired``).
+    """
+    import pandas as pd
+
+    from autoscout_optuna.benchmark.paired import markdown, paired_against
+
+    directory = Path(directory)
+    table = paired_against(pd.read_csv(directory / "trials.csv"), "autoscout",
+                           budgets=(20, 50, 100))
+    path = directory / "paired.md"
+    path.write_text(
+        "# autoscout: every contender against AutoScout's defaults, seed for seed\n\n"
+        "Written from `trials.csv` by `python -m autoscout_optuna.benchmark.paired "
+        "trials.csv --against autoscout` (also after each run of the suite). Per study and "
+        "budget: the seeds both ran, median best/optimum of AutoScout -> the contender, the "
+        "mean per-seed difference (contender - AutoScout) with its 90 % interval, seeds where "
+        "the contender is better / worse by more than 0.001, seeds at 99 % of the optimum, and "
+        "FAIL trials per seed after the first 20.\n\n" + markdown(table)
+    )
+    return path
 
 
 # -- CPU-time overhead (the harness times wall clock, which other load on a shared machine
