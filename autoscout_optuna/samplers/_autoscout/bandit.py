@@ -7,12 +7,13 @@ dense tuning; a prior of ``PRIOR_PULLS`` pseudo-pulls at reward 0 keeps young ar
 Each arm draws ``theta ~ N(mean, SIGMA**2 / (pulls + PRIOR_PULLS))`` and the largest draw wins.
 Pending trials (other workers) count as pulls at the arm's mean (a constant liar): they shrink
 the arm's uncertainty without inventing a result, so parallel workers spread across arms.
-A floor gives every arm a minimum share of recent trials, so no arm starves on early bad luck.
+A floor gives every arm a minimum share of recent trials, so no arm starves on early bad luck;
+an arm left out of it (``unfloored``) runs only when its draw wins.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -62,6 +63,7 @@ def choose_arm(
     recent: Sequence[str] = (),
     floor: float = 0.1,
     discount: float = 0.95,
+    unfloored: Collection[str] = (),
 ) -> tuple[str, str, dict[str, ArmStats]]:
     """Pick the next arm.
 
@@ -73,6 +75,7 @@ def choose_arm(
         recent: Arms of the most recent trials (for the floor), any length.
         floor: Minimum share of ``recent`` each arm gets; 0 disables it.
         discount: Per-trial discount of old rewards, in (0, 1].
+        unfloored: Arms the floor does not cover: they run only when their draw wins.
 
     Returns:
         The arm, a one-line reason, and the statistics of every arm.
@@ -81,8 +84,9 @@ def choose_arm(
         raise ValueError("arms must not be empty")
     if not 0.0 < discount <= 1.0:
         raise ValueError(f"discount must be in (0, 1], got {discount}")
-    if not 0.0 <= floor < 1.0 / len(arms) + 1e-12:
-        raise ValueError(f"floor must be in [0, 1/len(arms)], got {floor}")
+    floored = [arm for arm in arms if arm not in unfloored]
+    if not 0.0 <= floor < 1.0 / max(len(floored), 1) + 1e-12:
+        raise ValueError(f"floor must be in [0, 1/(arms it covers)], got {floor}")
     pending = pending or {}
     stats: dict[str, ArmStats] = {}
     for arm in arms:
@@ -98,7 +102,7 @@ def choose_arm(
         share = sum(1 for r in recent if r == arm) / len(recent) if recent else 1.0 / len(arms)
         stats[arm] = ArmStats(pulls=mass, mean=mean, draw=draw, recent_share=share)
 
-    starving = [arm for arm in arms if len(recent) >= 10 and stats[arm].recent_share < floor]
+    starving = [arm for arm in floored if len(recent) >= 10 and stats[arm].recent_share < floor]
     if starving:
         arm = min(starving, key=lambda a: (stats[a].recent_share, arms.index(a)))
         return arm, f"floor: {arm} had {stats[arm].recent_share:.0%} of recent trials", stats

@@ -101,18 +101,21 @@ class AutoScoutSampler(BaseSampler):
        trials crowd out the exploration that decides the structure, the knobs with the larger
        effect (seeds 0-79, 100 trials: best/optimum at 20 trials +0.012 / +0.017 / +0.031 on
        ``llm_training`` 8B / 70B and ``llm_serving``, at 100 trials within the noise).
-    6. **The model arm when the local searches are spent**: it joins the bandit once the lead
-       structure has held against ``model_after`` (30) finished structure proposals *and* the
-       refine arm has tuned out its targets (step 4). MCTS moves one decision at a time from
-       what it knows and coordinate descent one knob, so both stall below a structure that
-       needs two or three changes at once (``llm_training`` 70B: tp 4 with micro-batch 1 and
-       selective recompute, where each change alone is slower or runs out of memory); the
-       model ranks whole structures. Open from the start, it costs ``llm_serving`` 0.029 at
-       100 trials (``autoscout`` suite, 40 seeds). Gated (seeds 40-199, 300 trials, paired
-       best/optimum): ``llm_training`` 70B +0.002 at 100 trials, +0.013 +- 0.006 at 200 and
-       +0.021 +- 0.007 at 300 (the held-out seeds 120-199 alone +0.014 +- 0.007), seeds at
-       95 % by trial 300 98 -> 132 of 160, FAIL share after trial 20 25 -> 22 %; 8B and
-       ``llm_serving`` (seeds 0-79) within 0.004 at 100, 200 and 300 trials.
+    6. **The model arm**: it joins the bandit as soon as there is an incumbent, without a
+       floor share (it runs only when its Thompson draw wins). MCTS moves one decision at a
+       time from what it knows and coordinate descent one knob, so both stall below a
+       structure that needs two or three changes at once (``llm_training`` 70B: tp 4 with
+       micro-batch 1 and selective recompute, where each change alone is slower or runs out
+       of memory; 8B: tp 1 with micro-batch 1 and ZeRO 2, where tp 1 alone runs out of
+       memory); the model ranks whole structures. Against the earlier gate (open only once the
+       lead structure had held against 30 structure proposals and the refine arm had tuned out
+       its targets), 100 trials, paired best/optimum at trial 100 (8B / 70B / serving): seeds
+       0-159 +0.015 +- 0.008 / +0.017 +- 0.011 / -0.003 +- 0.008, confirmed on the held-out
+       seeds 160-239 +0.014 +- 0.011 / +0.027 +- 0.015 / -0.003 +- 0.012; FAIL trials per
+       seed after trial 20 +2.0 / +0.9 / -0.2 (seeds 0-159). Open from the start *with* the
+       floor (30 % of recent trials, as the other arms), 8B gained only +0.005 and serving
+       lost 0.008: the floor took its trials from dense tuning. ``model_after`` > 0 restores
+       the gate.
 
     Every hook and ``reseed_rng`` is forwarded to the chosen sub-sampler; the arm is read back
     from the trial's attrs, so any worker can run any hook. Decisions are recorded as user
@@ -152,7 +155,8 @@ class AutoScoutSampler(BaseSampler):
         estimate_weight: Weight of a PRUNED trial's step-0 estimate relative to a real value,
             scaled by how well the pruner's last rank check says the simulator orders configs
             (:func:`~autoscout_optuna._history.estimate_reliability`).
-        floor: Minimum share of the last 20 trials each arm gets (at most ``1 / arms``). 0.3
+        floor: Minimum share of the last 20 trials each arm but the model arm gets (at most
+            ``1 / those arms``). 0.3
             rather than 0.1 (seeds 0-119, 100 trials, paired best/optimum at 100 trials):
             ``llm_serving`` +0.016, 8B +0.013, 70B +0.004: once the structure search settles
             (step 5), dense tuning keeps a share of the trials (on serving the bandit had
@@ -160,9 +164,9 @@ class AutoScoutSampler(BaseSampler):
         discount: Per-trial discount of old rewards.
         neighbour_arm: Add the ``neighbour`` arm (one structural change of the incumbent).
         model_arm: False for the ablation without the ``model`` arm (step 6).
-        model_after: Structure proposals the lead structure must hold against before the
-            model arm opens (step 6); 0 opens it as soon as there is an incumbent, without
-            waiting for the refine arm either.
+        model_after: 0 (the default) opens the model arm as soon as there is an incumbent;
+            more: only once the lead structure has held against that many structure
+            proposals and the refine arm has tuned out its targets (step 6).
         explore_sampler: Replaces the MCTS arm, start-up included (its dense knobs are its
             own business then).
         refine_sampler: Replaces the coordinate-descent arm.
@@ -187,7 +191,7 @@ class AutoScoutSampler(BaseSampler):
         discount: float = 0.95,
         neighbour_arm: bool = False,
         model_arm: bool = True,
-        model_after: int = 30,
+        model_after: int = 0,
         explore_sampler: BaseSampler | None = None,
         refine_sampler: BaseSampler | None = None,
     ) -> None:
@@ -377,13 +381,12 @@ class AutoScoutSampler(BaseSampler):
         # every recent proposal failed: then refining is the better use of a trial).
         best = digest.best.get("real")
         settle = planning.settle_proposals(space)
+        refine_off = ""  # why refine is not among the arms, said in the reason either way
         if REFINE in arms and not planning.structure_settled(history, settle, best=best) \
                 and planning.exploring_succeeds(history):
             arms.remove(REFINE)
-            if len(arms) == 1:
-                return arms[0], (f"structure search not settled (the lead structure has held "
-                                 f"against fewer than {settle} proposals): "
-                                 f"{arms[0]}"), {}
+            refine_off = (f"structure search not settled (the lead structure has held "
+                          f"against fewer than {settle} proposals)")
         if REFINE in arms and choice is not None:
             stale, patience = choice.stale, choice.patience
             # Stop refining once the top structures are tuned out, unless every recent
@@ -391,20 +394,25 @@ class AutoScoutSampler(BaseSampler):
             # of a trial.
             if stale >= patience and planning.exploring_succeeds(history):
                 arms.remove(REFINE)
-                if len(arms) == 1:
-                    return arms[0], (f"refine target gained nothing in {stale} refinements "
-                                     f"(patience {patience}): {arms[0]}"), {}
+                refine_off = (f"refine target gained nothing in {stale} refinements "
+                              f"(patience {patience})")
+        if refine_off and len(arms) == 1:
+            return arms[0], f"{refine_off}: {arms[0]}", {}
         # PRUNED estimates count as much as the pruner's last rank check says they deserve.
         weight = self._estimate_weight * estimate_reliability(study)
         pulls, pending, recent = planning.bandit_evidence(
             history, digest, reward=self._reward, estimate_weight=weight, running=running
         )
         rng = trial_rng(self._seed, number, "bandit")
+        # The model arm has no floor: it runs when its draw wins (step 6 of the docstring).
+        floored = [a for a in arms if a != MODEL]
         arm, reason, stats = choose_arm(
             arms, pulls, rng, pending=pending, recent=recent,
-            floor=min(self._floor, 1.0 / len(arms)),
-            discount=self._discount,
+            floor=min(self._floor, 1.0 / max(len(floored), 1)),
+            discount=self._discount, unfloored=(MODEL,),
         )
+        if refine_off:
+            reason = f"{reason}; no refine: {refine_off}"
         return arm, reason, {a: s.as_dict() for a, s in stats.items()}
 
     # -- forwarding ---------------------------------------------------------------------------
