@@ -179,6 +179,7 @@ BAD_ARGUMENTS = {
         "contenders": [[], ["random"]],
         "n_trials": [0, 2.5, "a"],
         "n_seeds": [0, "a"],
+        "first_seed": [-1, 2.5, "a"],
         "budgets": [[], [0], ["10"], 5],
         "extra_report": ["real_runs.md"],
     },

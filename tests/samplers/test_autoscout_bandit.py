@@ -51,6 +51,23 @@ def test_floor_rescues_a_starving_arm():
     assert reason.startswith("floor")
 
 
+def test_an_unfloored_arm_starves_unless_its_draw_wins():
+    pulls = [Pull("refine", 0.9, age=i) for i in range(20)]
+    arms = ["explore", "model", "refine"]
+    recent = ["refine"] * 14 + ["explore"] * 6  # the model arm never ran, explore 30 %
+    for seed in range(20):
+        arm, reason, _ = choose_arm(arms, pulls, np.random.default_rng(seed), recent=recent,
+                                    floor=0.3, unfloored=("model",))
+        assert arm == "refine" and reason.startswith("thompson")
+    # with the floor it would have been rescued
+    arm, reason, _ = choose_arm(arms, pulls, np.random.default_rng(0), recent=recent, floor=0.3)
+    assert arm == "model" and reason.startswith("floor")
+    # the floor's bound counts only the arms it covers
+    choose_arm(arms, pulls, np.random.default_rng(0), floor=0.5, unfloored=("model",))
+    with pytest.raises(ValueError, match="floor"):
+        choose_arm(arms, pulls, np.random.default_rng(0), floor=0.5)
+
+
 def test_same_rng_same_choice():
     pulls = [Pull("explore", 0.1), Pull("refine", 0.05)]
     a = choose_arm(["explore", "refine"], pulls, np.random.default_rng(7))
