@@ -59,12 +59,11 @@ class AutoScoutSampler(BaseSampler):
        a new structure starts from the best dense setting known) and ``refine``
        (:class:`~autoscout_optuna.CoordinateDescentSampler` on one structure, handed over in
        system attr ``autoscout:structure``; it takes PRUNED estimates as measurements while
-       the pruner finds the simulator close to real runs, see its ``use_estimates``); once
-       both are spent (step 6), ``model`` (the untried structure a Thompson draw of a
-       log-additive model of all scores ranks first, among those MCTS's feasibility model
-       does not expect to fail: :mod:`~autoscout_optuna.samplers._autoscout.surrogate`);
-       optionally ``neighbour`` (the incumbent's structure with one structural param
-       changed). Each
+       the pruner finds the simulator close to real runs, see its ``use_estimates``);
+       ``model`` (step 6: the untried structure a Thompson draw of a log-additive model of
+       all scores ranks first, among those MCTS's feasibility model does not expect to
+       fail: :mod:`~autoscout_optuna.samplers._autoscout.surrogate`); optionally
+       ``neighbour`` (the incumbent's structure with one structural param changed). Each
        finished trial rewards its arm by difference-in-differences
        (:mod:`~autoscout_optuna.samplers._autoscout.did`)::
 
