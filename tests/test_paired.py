@@ -150,3 +150,13 @@ def test_the_autoscout_suite_writes_its_paired_table_after_a_run(tmp_path):
     text = write_paired_report(tmp_path).read_text()
     row = "| tpe | s | 20 | 1 | 0.500 -> 0.995 | +0.4950 +- n/a (one seed) | 1 / 0 | 0 -> 1 |"
     assert row in text
+
+
+def test_without_a_known_optimum_both_runs_are_scored_on_the_best_either_saw():
+    before = _rows({0: [4.0, 5.0]}).assign(optimum=float("nan"))
+    after = _rows({0: [4.0, 10.0]}).assign(optimum=float("nan"))
+    row = paired_differences(before, after, budgets=[2]).iloc[0]
+    assert (row["before_median"], row["after_median"]) == (0.5, 1.0)
+    both = pd.concat([before, after.assign(contender="d")])
+    row = paired_against(both, "c", budgets=[2]).iloc[0]
+    assert (row["before_median"], row["after_median"]) == (0.5, 1.0)

@@ -77,12 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     for suite in chosen:
         suite = _override(suite, seeds=args.seeds, trials=args.trials,
                           first_seed=args.first_seed)
-        rerun = _only(suite, args.contender)
-        if rerun is None:
-            unknown = [n for n in args.contender if n not in {c.name for c in suite.contenders}]
+        known = [c.name for c in suite.contenders]
+        unknown = [name for name in args.contender if name not in known]
+        if unknown:  # a misspelt name is an error, not a silently smaller run
             print(f"suite {suite.name} has no contender named {', '.join(unknown)}; "
-                  f"it has {', '.join(c.name for c in suite.contenders)}", file=sys.stderr)
+                  f"it has {', '.join(known)}", file=sys.stderr)
             return 2
+        rerun = _only(suite, args.contender)
         if args.study:
             rerun = _studies(rerun, args.study)
             if rerun is None:
@@ -119,16 +120,11 @@ def _override(
     return dataclasses.replace(suite, **changes) if changes else suite
 
 
-def _only(suite: Suite, names: list[str]) -> Suite | None:
-    """``suite`` restricted to the named contenders (all when none named; None if one of the
-    names is none of its contenders)."""
+def _only(suite: Suite, names: list[str]) -> Suite:
+    """``suite`` restricted to the named contenders (all when none named)."""
     if not names:
         return suite
-    known = {c.name for c in suite.contenders}
-    if not set(names) <= known:
-        return None  # a misspelt name is an error, not a silently smaller run
-    kept = [c for c in suite.contenders if c.name in names]
-    return dataclasses.replace(suite, contenders=kept)
+    return dataclasses.replace(suite, contenders=[c for c in suite.contenders if c.name in names])
 
 
 def _studies(suite: Suite, texts: list[str]) -> Suite | None:

@@ -30,7 +30,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from autoscout_optuna.benchmark._report import FAILS_IGNORED_AT_START, ratio_curves
+from autoscout_optuna.benchmark._report import (
+    FAILS_IGNORED_AT_START,
+    RUN,
+    ratio_curves,
+    with_optimum,
+)
 
 __all__ = ["main", "markdown", "paired_against", "paired_differences"]
 
@@ -68,25 +73,40 @@ def paired_differences(
     Raises:
         ValueError: A contender that is missing or ambiguous, or no (study, seed) in common.
     """
-    runs = []
-    for label, frame, contender in (("before", before, contender_before),
-                                    ("after", after, contender_after)):
-        runs.append(_one_contender(frame, contender, label))
-    first, second = runs
+    first = _one_contender(before, contender_before, "before")
+    second = _one_contender(after, contender_after, "after")
+    # One optimum per study for both runs: where the definition has none, ``with_optimum``
+    # falls back to the best value seen, which must be the best of both runs, not of each.
+    both = with_optimum(pd.concat([first.assign(_side=0), second.assign(_side=1)],
+                                  ignore_index=True))
+    sides = [both[both["_side"] == side].drop(columns="_side") for side in (0, 1)]
     n_trials = int(min(first["trial"].max(), second["trial"].max())) + 1
-    curves = [ratio_curves(run, n_trials).droplevel("contender") for run in runs]
-    fails = [_late_fails(run, n_trials) for run in runs]
-    common = curves[0].index.intersection(curves[1].index)
+    seeds = [_per_seed(side, n_trials) for side in sides]
+    return _table(*seeds, budgets=budgets, n_trials=n_trials,
+                  order=list(dict.fromkeys(first["study"])))
+
+
+def _per_seed(frame: pd.DataFrame, n_trials: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """best/optimum curves and late FAIL counts of one contender: rows (study, seed)."""
+    return (ratio_curves(frame, n_trials).droplevel("contender"),
+            _late_fails(frame, n_trials).droplevel("contender"))
+
+
+def _table(
+    before: tuple[pd.DataFrame, pd.DataFrame], after: tuple[pd.DataFrame, pd.DataFrame], *,
+    budgets: Sequence[int], n_trials: int, order: list[str],
+) -> pd.DataFrame:
+    """One row per (study, budget) over the (study, seed) rows both sides have."""
+    common = before[0].index.intersection(after[0].index)
     if common.empty:
         raise ValueError("the two runs share no (study, seed): nothing to pair")
     rows = []
-    order = list(dict.fromkeys(first["study"]))  # the suite's study order
     for study in sorted(common.get_level_values("study").unique(), key=order.index):
         keys = [key for key in common if key[0] == study]
         for budget in sorted(b for b in set(budgets) if 1 <= b <= n_trials):
-            a = curves[0].loc[keys, budget].to_numpy()
-            b = curves[1].loc[keys, budget].to_numpy()
-            rows.append(_row(study, budget, a, b, [f.loc[keys, budget] for f in fails]))
+            rows.append(_row(study, budget, before[0].loc[keys, budget].to_numpy(),
+                             after[0].loc[keys, budget].to_numpy(),
+                             [before[1].loc[keys, budget], after[1].loc[keys, budget]]))
     return pd.DataFrame(rows)
 
 
@@ -109,9 +129,19 @@ def paired_against(
     names = list(dict.fromkeys(trials["contender"]))
     if reference not in names:
         raise ValueError(f"the run has no contender {reference!r}; it has {names}")
+    _one_contender(trials, reference, "compared")  # the columns a trials table needs
+    # The reference's curves are computed once, with every contender's (and the optimum
+    # ``with_optimum`` falls back to is the best any contender saw, as in the summary).
+    frame = with_optimum(trials)
+    last = frame.groupby("contender")["trial"].max()
+    n_all = int(last.max()) + 1
+    curves, fails = ratio_curves(frame, n_all), _late_fails(frame, n_all)
+    def side(name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+        return (curves.xs(name, level="contender"), fails.xs(name, level="contender"))
+    order = list(dict.fromkeys(trials["study"]))
     tables = [
-        paired_differences(trials, trials, budgets=budgets, contender_before=reference,
-                           contender_after=name).assign(contender=name)
+        _table(side(reference), side(name), budgets=budgets, order=order,
+               n_trials=int(min(last[reference], last[name])) + 1).assign(contender=name)
         for name in names if name != reference
     ]
     if not tables:
@@ -137,11 +167,11 @@ def _one_contender(frame: pd.DataFrame, contender: str | None, label: str) -> pd
 
 
 def _late_fails(frame: pd.DataFrame, n_trials: int) -> pd.DataFrame:
-    """FAIL trials after the first 20, counted up to each budget: rows (study, seed)."""
+    """FAIL trials after the first 20, counted up to each budget: rows (study, contender,
+    seed)."""
     late = frame.assign(late=(frame["state"] == "FAIL")
                         & (frame["trial"] >= FAILS_IGNORED_AT_START))
-    counts = late.pivot_table(index=["study", "seed"], columns="trial", values="late",
-                              aggfunc="sum")
+    counts = late.pivot_table(index=RUN, columns="trial", values="late", aggfunc="sum")
     counts = counts.reindex(columns=range(n_trials)).fillna(0).cumsum(axis=1)
     counts.columns = range(1, n_trials + 1)
     return counts
