@@ -40,7 +40,7 @@ def reference_objective(
     """
 
     def objective(trial: optuna.Trial) -> float:
-        config = definition.suggest(trial)
+        config = call_recording_failure(trial, lambda: definition.suggest(trial))
         if definition.is_real and definition.measure_trial is not None:
             return float(call_recording_failure(
                 trial, lambda: definition.measure_trial(trial, config)))
@@ -62,7 +62,7 @@ def simulator_objective(definition: StudyDefinition) -> Callable[[optuna.Trial],
         raise ValueError(f"study {definition.name!r} has no simulator")
 
     def objective(trial: optuna.Trial) -> float:
-        config = definition.suggest(trial)
+        config = call_recording_failure(trial, lambda: definition.suggest(trial))
         return float(call_recording_failure(trial, lambda: definition.simulate(config)))
 
     return objective

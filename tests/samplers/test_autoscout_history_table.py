@@ -16,7 +16,12 @@ from autoscout_optuna.samplers._autoscout.conditions import (
 from autoscout_optuna.samplers._autoscout.history_table import HistoryTable
 from autoscout_optuna.samplers._autoscout.reader import Seen
 from autoscout_optuna.samplers._autoscout.startup import infer_conditions
-from autoscout_optuna.samplers._autoscout.surrogate import encode, scored_gram, value_lookups
+from autoscout_optuna.samplers._autoscout.surrogate import (
+    ask_positions,
+    encode,
+    scored_gram,
+    value_lookups,
+)
 
 NAMES = ["tp", "pp", "mode", "zero"]
 VALUES = [[1, 2, 4, 8], [1, 2, 4, 8], ["none", "selective", "full"], [0, 1, 2, 3]]
@@ -45,10 +50,11 @@ def test_conditions_from_codes_match_the_per_trial_reading(seed, n):
     assert conditions_of(codes, NAMES, VALUES) == infer_conditions(rows, NAMES, of=NAMES)
 
 
-def record(number, params, kind, score=None):
+def record(number, params, kind, score=None, reason=None):
     key = tuple(sorted((k, repr(v)) for k, v in params.items()))
     return Seen(number=number, params=params, distributions={}, kind=kind,
-                score=score if kind in ("real", "estimate") else None, user_attrs={},
+                score=score if kind in ("real", "estimate") else None,
+                user_attrs={} if reason is None else {"failure_reason": reason},
                 structure=key, config=key, arm="explore")
 
 
@@ -69,6 +75,10 @@ def assert_reads_as_rebuilt(table, history, value_lists=VALUES):
     assert inputs.conditions == conditions
     # the kept gram plus the new rows' is, bit for bit, the gram of all rows
     assert np.array_equal(inputs.gram, scored_gram(codes, kinds, value_offsets(value_lists)))
+    assert np.array_equal(inputs.positions, ask_positions(NAMES, [o.params for o in history]))
+    broke = [o.kind == "failed" and o.user_attrs.get("failure_reason") == "invalid_layout"
+             for o in history]
+    assert list(inputs.broke_rule) == broke
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -78,7 +88,8 @@ def test_reads_while_trials_run_and_finish_match_a_rebuild(seed):
     table, history = HistoryTable(), []
     for number, params in enumerate(rows):
         kind = str(rng.choice(["real", "real", "estimate", "failed", "pending"]))
-        history.append(record(number, params, kind, float(rng.normal())))
+        reason = str(rng.choice(["oom", "invalid_layout"])) if kind == "failed" else None
+        history.append(record(number, params, kind, float(rng.normal()), reason))
         # now and then a running trial finishes: a new record replaces it in the middle
         running = [i for i, obs in enumerate(history) if obs.kind == "pending"]
         if running and rng.random() < 0.3:

@@ -185,3 +185,20 @@ def test_definition_pickles_for_spawned_benchmark_workers():
     assert copy.optimum == definition.optimum
     config = copy.suggest(optuna.trial.FixedTrial(dict(BASE_PARAMS)))
     assert copy.measure(config, None) == definition.measure(config, None)
+
+
+@pytest.mark.parametrize("make_objective", ["reference_objective", "simulator_objective"])
+def test_objectives_record_a_layout_that_fails_while_suggesting(make_objective):
+    # MCTS and the model arm learn from the reason (rule or resource); the CLI's objectives
+    # must record it also when the layout breaks before any measurement starts.
+    from autoscout_optuna import _objective
+
+    definition = studies.load("llm_training")
+    study = optuna.create_study(direction=definition.direction)
+    study.enqueue_trial({**BASE_PARAMS, "vpp": 5})  # 32 layers over pp*vpp = 10 stages
+    objective = getattr(_objective, make_objective)(definition)
+    study.optimize(objective, n_trials=1, catch=(Infeasible,))
+    trial = study.trials[0]
+    assert trial.state == optuna.trial.TrialState.FAIL
+    assert trial.user_attrs["failure_reason"] == "invalid_layout"
+    assert "pp*vpp=10" in trial.user_attrs["failure_detail"]

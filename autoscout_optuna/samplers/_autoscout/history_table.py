@@ -20,9 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from autoscout_optuna._failure import breaks_a_rule
+from autoscout_optuna._keys import FAILURE_REASON
 from autoscout_optuna.samplers._autoscout.conditions import ConditionEvidence, value_offsets
 from autoscout_optuna.samplers._autoscout.reader import Seen
-from autoscout_optuna.samplers._autoscout.surrogate import encode, scored_gram, value_lookups
+from autoscout_optuna.samplers._autoscout.surrogate import (
+    ask_positions,
+    encode,
+    scored_gram,
+    value_lookups,
+)
 from autoscout_optuna.samplers._mcts.encoding import value_key
 
 # Structures whose codes the table keeps before it starts that memo over.
@@ -39,6 +46,10 @@ class ModelInputs:
         scores: Per trial, its oriented score (nan where it has none).
         conditions: The dependency tree, as ``conditions_of`` reads it from ``codes``.
         gram: The ridge's ``X^T W X`` over the scored trials (``surrogate.scored_gram``).
+        positions: Per trial, where each structural param came in its ask order
+            (``surrogate.ask_positions``; -1 if not asked).
+        broke_rule: Per trial, whether it failed on a broken rule, not a resource limit
+            (:func:`autoscout_optuna._failure.breaks_a_rule` of its ``failure_reason``).
     """
 
     codes: np.ndarray
@@ -46,6 +57,8 @@ class ModelInputs:
     scores: np.ndarray
     conditions: dict[str, dict[str, list[Any]]]
     gram: np.ndarray
+    positions: np.ndarray
+    broke_rule: np.ndarray
 
 
 class HistoryTable:
@@ -67,6 +80,8 @@ class HistoryTable:
         self._codes = np.zeros((0, len(value_lists)), dtype=int)
         self._kinds = np.zeros(0, dtype=str)
         self._scores = np.zeros(0)
+        self._positions = np.zeros((0, len(value_lists)), dtype=np.int64)
+        self._rules = np.zeros(0, dtype=bool)
         self._offsets = value_offsets(value_lists)
         self._evidence = ConditionEvidence(self._offsets)
         self._gram = scored_gram(self._codes, self._kinds, self._offsets)
@@ -89,6 +104,8 @@ class HistoryTable:
             kinds = np.array([obs.kind for obs in tail], dtype=str)
             scores = np.array([np.nan if obs.score is None else obs.score for obs in tail],
                               dtype=float)
+            positions = ask_positions(names, [obs.params for obs in tail])
+            rules = np.array([_broke_rule(obs) for obs in tail], dtype=bool)
             finished = next((i for i, obs in enumerate(tail) if obs.kind == "pending"),
                             len(tail))
             if finished:
@@ -96,6 +113,8 @@ class HistoryTable:
                 self._codes = np.concatenate([self._codes, codes[:finished]])
                 self._kinds = np.concatenate([self._kinds, kinds[:finished]])
                 self._scores = np.concatenate([self._scores, scores[:finished]])
+                self._positions = np.concatenate([self._positions, positions[:finished]])
+                self._rules = np.concatenate([self._rules, rules[:finished]])
                 self._evidence.add(codes[:finished])
                 self._gram = self._gram + scored_gram(codes[:finished], kinds[:finished],
                                                       self._offsets)
@@ -110,6 +129,8 @@ class HistoryTable:
                 scores=np.concatenate([self._scores, scores[finished:]]),
                 conditions=evidence.conditions(names, value_lists),
                 gram=gram,
+                positions=np.concatenate([self._positions, positions[finished:]]),
+                broke_rule=np.concatenate([self._rules, rules[finished:]]),
             )
 
     def _encode(self, names: Sequence[str], records: Sequence[Seen]) -> np.ndarray:
@@ -123,3 +144,7 @@ class HistoryTable:
                                                                  [obs.params])[0]
             codes[i] = row
         return codes
+
+
+def _broke_rule(obs: Seen) -> bool:
+    return obs.kind == "failed" and breaks_a_rule(obs.user_attrs.get(FAILURE_REASON))

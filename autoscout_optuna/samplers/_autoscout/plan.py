@@ -386,7 +386,8 @@ def model_proposal(
     values = [discrete_values(space.distributions[n]) for n in names]
     inputs = (table or HistoryTable()).read(history, names, values)
     return propose_encoded(names, values, inputs.codes, inputs.kinds, inputs.scores,
-                           inputs.conditions, rng, gram=inputs.gram)
+                           inputs.conditions, rng, gram=inputs.gram, positions=inputs.positions,
+                           broke_rule=inputs.broke_rule)
 
 
 def _arm(obs: Seen) -> str:

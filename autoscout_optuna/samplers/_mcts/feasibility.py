@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from autoscout_optuna.samplers._mcts.monotone import DominanceModel, fit_dominance
-from autoscout_optuna.samplers._mcts.prefix import dead_pairs, p_dead
+from autoscout_optuna.samplers._mcts.prefix import FAILURES, dead_pairs, p_dead
 from autoscout_optuna.samplers._mcts.rules import RulePatterns, rule_patterns
 from autoscout_optuna.samplers._mcts.tree import ABSENT, unique_rows
 
@@ -82,6 +82,7 @@ def fit_feasibility(
     numeric: Sequence[np.ndarray | None] | None = None,
     positions: np.ndarray | None = None,
     broke_rule: np.ndarray | None = None,
+    dead_pair_failures: int = 1,
 ) -> FeasibilityModel:
     """Fit P(FAIL) on the full-length failed rows and the feasible rows of ``codes``.
 
@@ -99,6 +100,8 @@ def fit_feasibility(
             the choices they share (``rules.py``). They stay in the logistic fit too: taken
             out of it (seeds 40-119, 100 trials, with the rule pairs of 876ad6b), 70B lost
             0.009 at 100 trials and 6 of 30 seeds at 95 %, for no fewer failures.
+        dead_pair_failures: Prefix failures a dead pair needs before it counts (one
+            failure makes every earlier choice a suspect; two that agree narrow it down).
 
     Returns:
         The model; without a feasible row it predicts 0, without a full-length failed row
@@ -112,6 +115,7 @@ def fit_feasibility(
     dead = None
     if positions is not None:
         dead = dead_pairs(codes, positions, failed, failed & ~full_failed)
+        dead = dead[dead[:, FAILURES] >= dead_pair_failures]
     rules = None
     if broke_rule is not None:
         rules = rule_patterns(codes, full_failed & broke_rule, feasible)
