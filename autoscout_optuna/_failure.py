@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from autoscout_optuna._keys import FAILURE_REASON as FAILURE_REASON_KEY  # noqa: F401
+from collections.abc import Mapping
+from typing import Any
+
+from autoscout_optuna._keys import FAILURE_REASON as FAILURE_REASON_KEY
 
 
 class Infeasible(Exception):
@@ -40,3 +43,10 @@ def breaks_a_rule(reason: object) -> bool:
     limit: ``invalid_layout``, ``invalid_combination``, ``invalid_config``, ``unsupported``...
     yes; ``oom``, ``timeout``, ``nan``, ``slo_miss``, an unknown or missing reason, no."""
     return isinstance(reason, str) and reason.startswith(RULE_REASON_PREFIXES)
+
+
+def failed_on_a_rule(kind: str, user_attrs: Mapping[str, Any]) -> bool:
+    """Whether a trial read as evidence (``kind``, as :class:`autoscout_optuna._history.Kind`)
+    failed on a broken rule: ``"failed"`` with a recorded reason :func:`breaks_a_rule` accepts.
+    One test for MCTS's history table and the model arm's, so the two read failures alike."""
+    return kind == "failed" and breaks_a_rule(user_attrs.get(FAILURE_REASON_KEY))

@@ -343,7 +343,7 @@ def _recording_failures(
     objective: Callable[[optuna.Trial], float],
 ) -> Callable[[optuna.Trial], float]:
     """Record the reason of every Infeasible, also one raised where no one recorded it yet
-    (e.g. an invalid layout detected while suggesting, before the measurement starts)."""
+    (a suite's own objective that does not record it itself)."""
 
     def recorded(trial: optuna.Trial) -> float:
         try:

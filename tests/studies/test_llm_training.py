@@ -189,8 +189,9 @@ def test_definition_pickles_for_spawned_benchmark_workers():
 
 @pytest.mark.parametrize("make_objective", ["reference_objective", "simulator_objective"])
 def test_objectives_record_a_layout_that_fails_while_suggesting(make_objective):
-    # MCTS and the model arm learn from the reason (rule or resource); the CLI's objectives
-    # must record it also when the layout breaks before any measurement starts.
+    # The reason shows in optuna-dashboard and trials_dataframe, and a rule broken after the
+    # last structural choice feeds the samplers' rule patterns: the CLI's objectives must
+    # record it also when the layout breaks before any measurement starts.
     from autoscout_optuna import _objective
 
     definition = studies.load("llm_training")

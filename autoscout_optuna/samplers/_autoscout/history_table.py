@@ -1,7 +1,8 @@
 """The model arm's table of the history, extended as trials finish (a cache, not state).
 
 A model proposal needs every trial's structural codes, kind and score, the dependency tree read
-from them, and its ridge's ``X^T W X`` (sums of counts and halves: exact in any order). Built
+from them, its ridge's ``X^T W X`` (sums of counts and halves: exact in any order), and, for
+its feasibility check, each trial's ask positions and whether it failed on a broken rule. Built
 from scratch, that walks every record of the history on every proposal: at 1,000 trials, more
 of the arm's time than its numeric work. Finished trials never change, and the history reader
 hands back the very same record objects for them, so the table keeps the rows of the history's
@@ -20,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from autoscout_optuna._failure import breaks_a_rule
-from autoscout_optuna._keys import FAILURE_REASON
+from autoscout_optuna._failure import failed_on_a_rule
 from autoscout_optuna.samplers._autoscout.conditions import ConditionEvidence, value_offsets
 from autoscout_optuna.samplers._autoscout.reader import Seen
 from autoscout_optuna.samplers._autoscout.surrogate import (
@@ -105,7 +105,8 @@ class HistoryTable:
             scores = np.array([np.nan if obs.score is None else obs.score for obs in tail],
                               dtype=float)
             positions = ask_positions(names, [obs.params for obs in tail])
-            rules = np.array([_broke_rule(obs) for obs in tail], dtype=bool)
+            rules = np.array([failed_on_a_rule(obs.kind, obs.user_attrs) for obs in tail],
+                             dtype=bool)
             finished = next((i for i, obs in enumerate(tail) if obs.kind == "pending"),
                             len(tail))
             if finished:
@@ -144,7 +145,3 @@ class HistoryTable:
                                                                  [obs.params])[0]
             codes[i] = row
         return codes
-
-
-def _broke_rule(obs: Seen) -> bool:
-    return obs.kind == "failed" and breaks_a_rule(obs.user_attrs.get(FAILURE_REASON))

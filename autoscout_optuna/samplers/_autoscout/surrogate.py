@@ -87,7 +87,8 @@ def propose(
     Args:
         names: Structural params (model features), in a fixed order.
         value_lists: Every value of each of ``names``.
-        rows: Each trial's params (structural ones are read; others ignored).
+        rows: Each trial's params in ask order (structural ones are encoded; every param
+            counts toward the ask positions, :func:`ask_positions`).
         kinds: ``"real"``, ``"estimate"``, ``"failed"`` or ``"pending"`` per row.
         scores: Oriented score per row (larger is better; None unless real or estimate).
         conditions: ``{param: {parent: values under which param is asked}}``

@@ -11,12 +11,11 @@ from typing import Any
 import numpy as np
 from optuna.distributions import BaseDistribution
 
-from autoscout_optuna._failure import breaks_a_rule
+from autoscout_optuna._failure import failed_on_a_rule
 from autoscout_optuna._history import Observation
-from autoscout_optuna._keys import FAILURE_REASON
 from autoscout_optuna._space import discrete_values
 from autoscout_optuna.samplers._mcts.tournament import Dependencies, DependencyLearner
-from autoscout_optuna.samplers._mcts.tree import ABSENT, ESTIMATE, FAILED, OTHER, REAL
+from autoscout_optuna.samplers._mcts.tree import ABSENT, ESTIMATE, OTHER, REAL
 
 ORDER_KEY = "mcts:order"
 
@@ -196,7 +195,9 @@ class TableBuilder:
             self._stacked = numbers
             self._stacked_kinds += [self._finished[n].kind for n in new]
             self._stacked_scores += [self._finished[n].score for n in new]
-            self._stacked_rules += [_broke_rule(self._finished[n]) for n in new]
+            self._stacked_rules += [
+                failed_on_a_rule(self._finished[n].kind, self._finished[n].user_attrs) for n in new
+            ]
         pending_sorted = sorted(pending, key=lambda o: o.number)
         blocks = [] if self._stack is None else [self._stack]
         if pending_sorted:
@@ -236,10 +237,6 @@ class TableBuilder:
             dependencies=self._learner.dependencies(),
             broke_rule=np.array(self._stacked_rules + [False] * len(pending_sorted), dtype=bool),
         )
-
-
-def _broke_rule(obs: Observation) -> bool:
-    return obs.kind == FAILED and breaks_a_rule(obs.user_attrs.get(FAILURE_REASON))
 
 
 def _note(obs: Observation, first_seen: dict, latest: dict) -> None:
