@@ -9,6 +9,7 @@ ARM = "autoscout:arm"  # which sub-optimizer proposed this trial ("explore" / "r
 REASON = "autoscout:reason"  # why, in words
 FIDELITY = "autoscout:fidelity"  # "simulator" or "real": what the trial's value is
 FAILURE_REASON = "failure_reason"  # timeout / oom / nan / crash / too_slow / no_metric / ...
+MEMORY_USE = "memory_use"  # peak device memory over capacity, reported by the objective
 TRUE_VALUE = "true_value"  # benchmarks only: the noiseless reference value
 FIDELITY_REASON = "autoscout:fidelity_reason"  # why the pruner chose that fidelity
 SIM_ERROR = "autoscout:sim_error"  # simulator calibrated relative error at decision time

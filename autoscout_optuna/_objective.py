@@ -8,6 +8,7 @@ from typing import Any
 import optuna
 
 from autoscout_optuna._failure import FAILURE_REASON_KEY, Infeasible
+from autoscout_optuna._keys import MEMORY_USE as MEMORY_USE_KEY
 from autoscout_optuna._keys import TRUE_VALUE as TRUE_VALUE_KEY
 from autoscout_optuna._rng import trial_rng
 from autoscout_optuna._study_definition import StudyDefinition
@@ -41,19 +42,31 @@ def reference_objective(
 
     def objective(trial: optuna.Trial) -> float:
         config = call_recording_failure(trial, lambda: definition.suggest(trial))
-        if definition.is_real and definition.measure_trial is not None:
-            return float(call_recording_failure(
-                trial, lambda: definition.measure_trial(trial, config)))
-        if definition.is_real:
-            return float(call_recording_failure(trial, lambda: definition.measure(config, None)))
-        true_value = call_recording_failure(trial, lambda: definition.measure(config, None))
-        trial.set_user_attr(TRUE_VALUE_KEY, float(true_value))
-        if noise_seed is None:
-            return float(true_value)
-        rng = trial_rng(noise_seed, trial.number, "measurement-noise")
-        return float(definition.measure(config, rng))
+        return call_recording_failure(
+            trial, lambda: measure_definition(definition, trial, config, noise_seed)
+        )
 
     return objective
+
+
+def measure_definition(
+    definition: StudyDefinition, trial: optuna.Trial, config: Any, noise_seed: int | None
+) -> float:
+    """A study's real run; for reference studies also records the noiseless ``true_value`` and,
+    where the study models memory, the peak memory over capacity (``memory_use``, as a real
+    runner reports it: see :mod:`autoscout_optuna._memory`)."""
+    if definition.is_real and definition.measure_trial is not None:
+        return float(definition.measure_trial(trial, config))
+    if definition.is_real:
+        return float(definition.measure(config, None))
+    true_value = float(definition.measure(config, None))
+    trial.set_user_attr(TRUE_VALUE_KEY, true_value)
+    if definition.memory_use is not None:
+        trial.set_user_attr(MEMORY_USE_KEY, float(definition.memory_use(config)))
+    if noise_seed is None:
+        return true_value
+    rng = trial_rng(noise_seed, trial.number, "measurement-noise")
+    return float(definition.measure(config, rng))
 
 
 def simulator_objective(definition: StudyDefinition) -> Callable[[optuna.Trial], float]:

@@ -42,6 +42,11 @@ class StudyDefinition:
             ``measure_trial(trial, config)``, so a runner can record logs, telemetry and failure
             reasons on it. Objectives use it instead of ``measure`` when set; ``measure`` stays
             the trial-less form (e.g. for the default config).
+        memory_use: Optional ``memory_use(config)``: the peak device memory of a config that
+            fits, as a fraction of the device's capacity, from the reference model (what a real
+            runner measures and reports). Objectives record it as user attr ``memory_use`` on
+            each trial that ran, and the samplers learn from it which structures would not fit
+            (:mod:`autoscout_optuna._memory`).
     """
 
     name: str
@@ -56,6 +61,7 @@ class StudyDefinition:
     description: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
     measure_trial: Callable[[Any, Mapping[str, Any]], float] | None = None
+    memory_use: Callable[[Mapping[str, Any]], float] | None = None
 
     def __post_init__(self) -> None:
         if self.direction not in ("maximize", "minimize"):

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autoscout_optuna._failure import Infeasible
+from autoscout_optuna._keys import MEMORY_USE
 from autoscout_optuna._study_definition import Knobs, StudyDefinition
 
 NAME = "gpt_training"
@@ -300,7 +301,12 @@ def definition(*, device: str = "auto", time_budget: float | None = None,
         # clamped); params alone do not show it, the dashboard and session tables should.
         for key in DERIVED_BATCH_KEYS:
             trial.set_user_attr(key, config[key])
-        return runner.run(trial, config)["val_bpb"]
+        metrics = runner.run(trial, config)
+        # the peak over the device's memory: the samplers learn from it what will not fit
+        peak_bytes = metrics.get("peak_mem_mb", math.nan) * 2**20
+        if math.isfinite(peak_bytes) and peak_bytes > 0:
+            trial.set_user_attr(MEMORY_USE, peak_bytes / info["memory_bytes"])
+        return metrics["val_bpb"]
 
     default = dict(model, time_budget=budget, total_batch_log2=DEFAULT_BATCH_LOG2[kind],
                    device_batch=DEFAULT_DEVICE_BATCH[kind], dtype=info["dtypes"][0], tf32=False,

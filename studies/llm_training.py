@@ -172,6 +172,11 @@ def measure(config: dict[str, Any], rng: Any = None) -> float:
     return value
 
 
+def memory_use(config: dict[str, Any]) -> float:
+    """Peak memory over the GPU's capacity (what a real run's peak allocation would report)."""
+    return _training_model.reference_memory_gb(config) / gpu_spec(config["gpu"]).memory_gb
+
+
 def simulate(config: dict[str, Any]) -> float:
     """Coarse simulator estimate of tokens/s."""
     return _training_model.simulated_tokens_per_s(config)
@@ -231,6 +236,7 @@ def definition(
         suggest=suggest,
         measure=measure,
         simulate=simulate,
+        memory_use=memory_use,
         default_config=expert_config(**base),
         optimum=stored_optimum(optimum_key(NAME, options)),
         description=(

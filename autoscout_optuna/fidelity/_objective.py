@@ -15,13 +15,15 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
 import optuna
 
 from autoscout_optuna import _keys
 from autoscout_optuna._failure import Infeasible
-from autoscout_optuna._objective import call_recording_failure, record_failure
-from autoscout_optuna._rng import trial_rng
+from autoscout_optuna._objective import (
+    call_recording_failure,
+    measure_definition,
+    record_failure,
+)
 from autoscout_optuna._study_definition import StudyDefinition
 from autoscout_optuna.fidelity._pruner import ESTIMATE_STEP
 from autoscout_optuna.fidelity._study_ensemble import StudyEnsembleEstimator
@@ -155,22 +157,6 @@ def from_definition(
         )
 
     return objective
-
-
-def measure_definition(
-    definition: StudyDefinition, trial: optuna.Trial, config: Config, noise_seed: int | None
-) -> float:
-    """A study's real run; for reference studies also records the noiseless ``true_value``."""
-    if definition.is_real and definition.measure_trial is not None:
-        return float(definition.measure_trial(trial, config))
-    if definition.is_real:
-        return float(definition.measure(config, None))
-    true_value = float(definition.measure(config, None))
-    trial.set_user_attr(_keys.TRUE_VALUE, true_value)
-    if noise_seed is None:
-        return true_value
-    rng: np.random.Generator = trial_rng(noise_seed, trial.number, "measurement-noise")
-    return float(definition.measure(config, rng))
 
 
 def _safe_estimate(trial: optuna.Trial, estimate: Callable[[], float]) -> float | None:

@@ -50,12 +50,14 @@ def test_conditions_from_codes_match_the_per_trial_reading(seed, n):
     assert conditions_of(codes, NAMES, VALUES) == infer_conditions(rows, NAMES, of=NAMES)
 
 
-def record(number, params, kind, score=None, reason=None):
+def record(number, params, kind, score=None, reason=None, memory=None):
     key = tuple(sorted((k, repr(v)) for k, v in params.items()))
+    attrs = {} if reason is None else {"failure_reason": reason}
+    if memory is not None:
+        attrs["memory_use"] = memory
     return Seen(number=number, params=params, distributions={}, kind=kind,
                 score=score if kind in ("real", "estimate") else None,
-                user_attrs={} if reason is None else {"failure_reason": reason},
-                structure=key, config=key, arm="explore")
+                user_attrs=attrs, structure=key, config=key, arm="explore")
 
 
 def rebuilt(history, value_lists=VALUES):
@@ -79,6 +81,9 @@ def assert_reads_as_rebuilt(table, history, value_lists=VALUES):
     broke = [o.kind == "failed" and o.user_attrs.get("failure_reason") == "invalid_layout"
              for o in history]
     assert list(inputs.broke_rule) == broke
+    memory = [o.user_attrs.get("memory_use", np.nan) if o.kind == "real" else np.nan
+              for o in history]
+    assert np.array_equal(inputs.memory, np.asarray(memory, dtype=float), equal_nan=True)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -89,12 +94,14 @@ def test_reads_while_trials_run_and_finish_match_a_rebuild(seed):
     for number, params in enumerate(rows):
         kind = str(rng.choice(["real", "real", "estimate", "failed", "pending"]))
         reason = str(rng.choice(["oom", "invalid_layout"])) if kind == "failed" else None
-        history.append(record(number, params, kind, float(rng.normal()), reason))
+        memory = float(rng.uniform(0.2, 1.0)) if rng.random() < 0.7 else None
+        history.append(record(number, params, kind, float(rng.normal()), reason, memory))
         # now and then a running trial finishes: a new record replaces it in the middle
         running = [i for i, obs in enumerate(history) if obs.kind == "pending"]
         if running and rng.random() < 0.3:
             i = int(rng.choice(running))
-            history[i] = record(i, history[i].params, "real", float(rng.normal()))
+            history[i] = record(i, history[i].params, "real", float(rng.normal()),
+                                memory=float(rng.uniform(0.2, 1.0)))
         assert_reads_as_rebuilt(table, history)
 
 

@@ -25,13 +25,17 @@ def _observation(number: int, rng: np.random.Generator, kind: str) -> Observatio
         params["mode"] = bool(rng.random() < 0.5)
         distributions["mode"] = CategoricalDistribution([False, True])
     score = float(rng.random()) if kind in ("real", "estimate") else None
-    return Observation(number, params, distributions, kind, score, {}, {})
+    attrs = {"memory_use": float(rng.uniform(0.2, 1.0))} if kind == "real" else {}
+    if kind == "failed":
+        attrs["failure_reason"] = str(rng.choice(["oom", "invalid_layout"]))
+    return Observation(number, params, distributions, kind, score, attrs, {})
 
 
 def _summary(table: Table) -> tuple:
     dense = [table.dense_values[i] for i in table.dense]
     return (table.names, table.codes.tolist(), table.positions.tolist(), table.kinds,
-            table.scores, table.ask_rank, dense, table.dependencies)
+            table.scores, table.ask_rank, dense, table.dependencies, table.broke_rule.tolist(),
+            np.nan_to_num(table.memory, nan=-1.0).tolist())
 
 
 def test_a_table_built_trial_by_trial_equals_a_fresh_encoding():
@@ -56,4 +60,9 @@ def test_a_table_built_trial_by_trial_equals_a_fresh_encoding():
         # the dependencies learned row by row are those of the whole table
         assert table.dependencies == learn_dependencies_of(replace(table, dependencies=None))
     assert table.names == ["layout", "tile", "mode"]
+    # the memory evidence lines up with the rows: finished by number, then running
+    real = [o for o in sorted(done, key=lambda o: o.number) if o.kind == "real"]
+    assert sorted(table.memory[np.isfinite(table.memory)]) == sorted(
+        o.user_attrs["memory_use"] for o in real
+    )
     assert table.dependencies.inactive_under == {1: {0: frozenset({0})}}

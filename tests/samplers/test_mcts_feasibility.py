@@ -105,11 +105,12 @@ def test_an_accepted_promising_path_is_run_even_if_a_rejected_one_was_safer(monk
     draws = iter([safer_dull, riskier_promising])
     p_of_code = {0: 0.35, 1: 0.5}
     monkeypatch.setattr(plan_module, "plan_path", lambda *a, **k: next(draws))
-    model = types.SimpleNamespace(p_fail=lambda row: np.array([p_of_code[int(row[0])]]))
+    model = types.SimpleNamespace(p_fail=lambda row: np.array([p_of_code[int(row[0])]]),
+                                  memory=None)
     monkeypatch.setattr(plan_module, "fit_feasibility", lambda *a, **k: model)
     table = types.SimpleNamespace(
         values=[["a", "b"]], kinds=["real"], codes=np.array([[0]]), positions=np.array([[0]]),
-        broke_rule=np.zeros(1, dtype=bool),
+        broke_rule=np.zeros(1, dtype=bool), memory=np.full(1, np.nan),
     )
     evidence = plan_module.Evidence(table, np.array([0.5]), np.array([1.0]))
     steps, record = plan_module._feasible_path(

@@ -129,6 +129,8 @@ def test_one_real_trial_end_to_end(cpu_study):
     assert 0 < trial.value < 8.5
     for key in ("tokens_per_s", "mfu", "peak_mem_mb", "first_step_s", "run:log"):
         assert key in trial.user_attrs
+    # the run's peak over the device's memory, for the samplers' memory model
+    assert 0 < trial.user_attrs["memory_use"] < 1
     attrs = trial.user_attrs  # the batch split the run used, derived from the params
     assert attrs["total_batch"] == 2**10 and 1 <= attrs["device_batch_effective"] <= 4
     assert 2**10 % (attrs["device_batch_effective"] * attrs["grad_accum"]) == 0

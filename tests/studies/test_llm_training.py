@@ -13,6 +13,7 @@ from _sampling import (
     simulator_agreement,
     suggest_fixed,
 )  # tests/studies/
+from autoscout_optuna.studies._training_model import reference_memory_gb
 
 from autoscout_optuna import studies
 from autoscout_optuna._enumerate import find_optimum
@@ -203,3 +204,35 @@ def test_objectives_record_a_layout_that_fails_while_suggesting(make_objective):
     assert trial.state == optuna.trial.TrialState.FAIL
     assert trial.user_attrs["failure_reason"] == "invalid_layout"
     assert "pp*vpp=10" in trial.user_attrs["failure_detail"]
+
+
+@pytest.mark.parametrize("make_objective", ["reference_objective", "from_definition"])
+def test_objectives_record_the_peak_memory_a_real_run_would_report(make_objective):
+    # A trial that ran reports its peak over the GPU's capacity (the samplers' memory model
+    # learns from it); one that ran out of memory reports only its reason, as a real OOM does.
+    from autoscout_optuna import _objective, fidelity
+
+    definition = studies.load("llm_training")
+    study = optuna.create_study(direction=definition.direction)
+    fits = dict(BASE_PARAMS)
+    too_big = {**BASE_PARAMS, "tp": 1, "pp": 1, "micro_batch": 8, "recompute": "none",
+               "zero_stage": 0}
+    for params in (fits, too_big):
+        study.enqueue_trial({k: v for k, v in params.items()
+                             if not (params["pp"] == 1 and k == "vpp")
+                             and not (params["tp"] == 1 and k == "sequence_parallel")
+                             and not (params["recompute"] == "none" and k == "recompute_layers")})
+    if make_objective == "reference_objective":
+        objective = _objective.reference_objective(definition)
+    else:  # every trial runs for real: no pruner trusts an estimate
+        objective = fidelity.from_definition(definition, use_ensemble=False)
+    study.optimize(objective, n_trials=2, catch=(Infeasible,))
+    ran, failed = study.trials
+    assert ran.state == optuna.trial.TrialState.COMPLETE
+    config = definition.suggest(optuna.trial.FixedTrial(ran.params))
+    expected = reference_memory_gb(config) / 80.0  # an H100's 80 GB
+    assert ran.user_attrs["memory_use"] == pytest.approx(expected)
+    assert 0.0 < ran.user_attrs["memory_use"] <= 1.0
+    assert failed.state == optuna.trial.TrialState.FAIL
+    assert failed.user_attrs["failure_reason"] == "oom"
+    assert "memory_use" not in failed.user_attrs

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from autoscout_optuna._failure import failed_on_a_rule
+from autoscout_optuna._memory import memory_use
 from autoscout_optuna.samplers._autoscout.conditions import ConditionEvidence, value_offsets
 from autoscout_optuna.samplers._autoscout.reader import Seen
 from autoscout_optuna.samplers._autoscout.surrogate import (
@@ -50,6 +51,8 @@ class ModelInputs:
             (``surrogate.ask_positions``; -1 if not asked).
         broke_rule: Per trial, whether it failed on a broken rule, not a resource limit
             (:func:`autoscout_optuna._failure.breaks_a_rule` of its ``failure_reason``).
+        memory: Per trial, the peak memory over capacity it reported (NaN: none;
+            :mod:`autoscout_optuna._memory`).
     """
 
     codes: np.ndarray
@@ -59,6 +62,7 @@ class ModelInputs:
     gram: np.ndarray
     positions: np.ndarray
     broke_rule: np.ndarray
+    memory: np.ndarray
 
 
 class HistoryTable:
@@ -82,6 +86,7 @@ class HistoryTable:
         self._scores = np.zeros(0)
         self._positions = np.zeros((0, len(value_lists)), dtype=np.int64)
         self._rules = np.zeros(0, dtype=bool)
+        self._memory = np.zeros(0)
         self._offsets = value_offsets(value_lists)
         self._evidence = ConditionEvidence(self._offsets)
         self._gram = scored_gram(self._codes, self._kinds, self._offsets)
@@ -107,6 +112,8 @@ class HistoryTable:
             positions = ask_positions(names, [obs.params for obs in tail])
             rules = np.array([failed_on_a_rule(obs.kind, obs.user_attrs) for obs in tail],
                              dtype=bool)
+            memory = np.array([memory_use(obs.kind, obs.user_attrs) for obs in tail],
+                              dtype=float)
             finished = next((i for i, obs in enumerate(tail) if obs.kind == "pending"),
                             len(tail))
             if finished:
@@ -116,6 +123,7 @@ class HistoryTable:
                 self._scores = np.concatenate([self._scores, scores[:finished]])
                 self._positions = np.concatenate([self._positions, positions[:finished]])
                 self._rules = np.concatenate([self._rules, rules[:finished]])
+                self._memory = np.concatenate([self._memory, memory[:finished]])
                 self._evidence.add(codes[:finished])
                 self._gram = self._gram + scored_gram(codes[:finished], kinds[:finished],
                                                       self._offsets)
@@ -132,6 +140,7 @@ class HistoryTable:
                 gram=gram,
                 positions=np.concatenate([self._positions, positions[finished:]]),
                 broke_rule=np.concatenate([self._rules, rules[finished:]]),
+                memory=np.concatenate([self._memory, memory[finished:]]),
             )
 
     def _encode(self, names: Sequence[str], records: Sequence[Seen]) -> np.ndarray:

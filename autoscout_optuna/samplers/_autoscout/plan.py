@@ -387,7 +387,7 @@ def model_proposal(
     inputs = (table or HistoryTable()).read(history, names, values)
     return propose_encoded(names, values, inputs.codes, inputs.kinds, inputs.scores,
                            inputs.conditions, rng, gram=inputs.gram, positions=inputs.positions,
-                           broke_rule=inputs.broke_rule)
+                           broke_rule=inputs.broke_rule, memory=inputs.memory)
 
 
 def _arm(obs: Seen) -> str:

@@ -80,6 +80,7 @@ def propose(
     conditions: Mapping[str, Mapping[str, Sequence[Any]]],
     rng: np.random.Generator,
     broke_rule: Sequence[bool] | None = None,
+    memory: Sequence[float] | None = None,
 ) -> Proposal | None:
     """The structure the model arm runs next; None with fewer than ``MIN_SCORED`` scored
     trials or when every candidate was run already.
@@ -97,12 +98,15 @@ def propose(
         rng: Source of the candidates and the Thompson draw.
         broke_rule: Per row, whether it failed on a broken rule
             (:func:`autoscout_optuna._failure.breaks_a_rule`); None: none did.
+        memory: Per row, the peak memory over capacity it reported (NaN: none;
+            :mod:`autoscout_optuna._memory`); None: no row did.
     """
     codes = encode(names, value_lookups(value_lists), rows)
     return propose_encoded(
         names, value_lists, codes, kinds, scores, conditions, rng,
         positions=ask_positions(names, rows),
         broke_rule=None if broke_rule is None else np.asarray(broke_rule, dtype=bool),
+        memory=None if memory is None else np.asarray(memory, dtype=float),
     )
 
 
@@ -117,11 +121,13 @@ def propose_encoded(
     gram: np.ndarray | None = None,
     positions: np.ndarray | None = None,
     broke_rule: np.ndarray | None = None,
+    memory: np.ndarray | None = None,
 ) -> Proposal | None:
     """:func:`propose` on trials already encoded (``codes``, as :func:`encode` returns);
     ``gram``, where the caller keeps it, is :func:`scored_gram` of these trials;
     ``positions`` (:func:`ask_positions`) and ``broke_rule``, where given, let the feasibility
-    model name the dead pairs of prefix failures and the patterns of rule failures."""
+    model name the dead pairs of prefix failures and the patterns of rule failures;
+    ``memory``, where given, fits its memory model (``_mcts/memory.py``)."""
     lookups = value_lookups(value_lists)
     kind = np.asarray(kinds, dtype=str)
     scored = _scored(kind)
@@ -145,6 +151,7 @@ def propose_encoded(
         codes, n_values, kind == "failed", scored,
         numeric=[numeric_values(values) for values in value_lists],
         positions=positions, broke_rule=broke_rule, dead_pair_failures=DEAD_PAIR_FAILURES,
+        memory=memory,
     )
     p_fail = feasibility.p_fail(candidates)
     predicted = predict(feature_indices(candidates, offsets), weights)

@@ -13,6 +13,7 @@ from optuna.distributions import BaseDistribution
 
 from autoscout_optuna._failure import failed_on_a_rule
 from autoscout_optuna._history import Observation
+from autoscout_optuna._memory import memory_use
 from autoscout_optuna._space import discrete_values
 from autoscout_optuna.samplers._mcts.tournament import Dependencies, DependencyLearner
 from autoscout_optuna.samplers._mcts.tree import ABSENT, ESTIMATE, OTHER, REAL
@@ -59,6 +60,8 @@ class Table:
             row by row as trials finish; None: not learned yet.
         broke_rule: Per row, whether it failed on a broken rule rather than a resource limit
             (:func:`autoscout_optuna._failure.breaks_a_rule` of its ``failure_reason``).
+        memory: Per row, the peak memory over capacity it reported (NaN: none; see
+            :mod:`autoscout_optuna._memory`).
     """
 
     names: list[str]
@@ -74,6 +77,7 @@ class Table:
     dense_values: list[tuple[tuple[str, Any], ...]] = field(default_factory=list)
     dependencies: Dependencies | None = None
     broke_rule: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    memory: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def column_of(self, name: str) -> int | None:
         try:
@@ -131,6 +135,7 @@ class TableBuilder:
         self._stacked_kinds: list[str] = []  # kinds and scores of the stacked rows, in order
         self._stacked_scores: list[float | None] = []
         self._stacked_rules: list[bool] = []
+        self._stacked_memory: list[float] = []
 
     @property
     def n_settled(self) -> int:
@@ -195,9 +200,10 @@ class TableBuilder:
             self._stacked = numbers
             self._stacked_kinds += [self._finished[n].kind for n in new]
             self._stacked_scores += [self._finished[n].score for n in new]
-            self._stacked_rules += [
-                failed_on_a_rule(self._finished[n].kind, self._finished[n].user_attrs) for n in new
-            ]
+            for n in new:
+                kind, attrs = self._finished[n].kind, self._finished[n].user_attrs
+                self._stacked_rules.append(failed_on_a_rule(kind, attrs))
+                self._stacked_memory.append(memory_use(kind, attrs))
         pending_sorted = sorted(pending, key=lambda o: o.number)
         blocks = [] if self._stack is None else [self._stack]
         if pending_sorted:
@@ -236,6 +242,7 @@ class TableBuilder:
             dense_values=list(self._dense_ids),
             dependencies=self._learner.dependencies(),
             broke_rule=np.array(self._stacked_rules + [False] * len(pending_sorted), dtype=bool),
+            memory=np.array(self._stacked_memory + [np.nan] * len(pending_sorted), dtype=float),
         )
 
 

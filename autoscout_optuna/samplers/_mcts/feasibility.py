@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from autoscout_optuna.samplers._mcts.memory import MemoryModel, fit_memory
 from autoscout_optuna.samplers._mcts.monotone import DominanceModel, fit_dominance
 from autoscout_optuna.samplers._mcts.prefix import FAILURES, dead_pairs, p_dead
 from autoscout_optuna.samplers._mcts.rules import RulePatterns, rule_patterns
@@ -49,6 +50,8 @@ class FeasibilityModel:
     dominance: DominanceModel | None = None
     dead: np.ndarray | None = None
     rules: RulePatterns | None = None
+    memory: MemoryModel | None = None
+    memory_trends: np.ndarray | None = None  # the trends of the memory model's features
 
     def p_fail(self, codes: np.ndarray) -> np.ndarray:
         """P(FAIL) of each row of ``codes`` (a 1-D path is one row); 0 without a model.
@@ -56,7 +59,7 @@ class FeasibilityModel:
         The monotone rule overrides the logistic where it applies: no heavier than a known
         success, 0; at least as heavy as a known failure, ``DOMINATED_P_FAIL``. A dead pair
         of choices (``prefix.py``) or the shared choices of rule failures (``rules.py``)
-        raise it further.
+        raise it further, and so does a memory model's P(out of memory) (``memory.py``).
         """
         rows = np.atleast_2d(codes)
         p = np.zeros(len(rows))
@@ -71,7 +74,18 @@ class FeasibilityModel:
             p = np.maximum(p, p_dead(rows, self.dead))
         if self.rules is not None:
             p = np.maximum(p, self.rules.p_fail(rows))
+        if self.memory is not None:
+            features = memory_features(rows, self.offsets, self.memory_trends)
+            p = np.maximum(p, self.memory.p_out_of_memory(features))
         return p
+
+    def memory_use(self, codes: np.ndarray) -> np.ndarray:
+        """The memory model's predicted peak over capacity per row (NaN without a model)."""
+        rows = np.atleast_2d(codes)
+        if self.memory is None:
+            return np.full(len(rows), np.nan)
+        features = memory_features(rows, self.offsets, self.memory_trends)
+        return np.exp(self.memory.log_fraction(features))
 
 
 def fit_feasibility(
@@ -83,6 +97,7 @@ def fit_feasibility(
     positions: np.ndarray | None = None,
     broke_rule: np.ndarray | None = None,
     dead_pair_failures: int = 1,
+    memory: np.ndarray | None = None,
 ) -> FeasibilityModel:
     """Fit P(FAIL) on the full-length failed rows and the feasible rows of ``codes``.
 
@@ -112,6 +127,16 @@ def fit_feasibility(
     if not feasible.any():
         return FeasibilityModel(offsets, None)
     full_failed = failed & (asked >= asked[feasible].min())
+    memory_model = memory_trends = None
+    if memory is not None:
+        # memory is a product of factors: log-scale trends of the positive numeric columns
+        memory_trends = numeric_trends(
+            [v if v is not None and np.all(v > 0) else None for v in numeric or []], offsets
+        )
+        structures, structure, _ = unique_rows(codes)
+        memory_model = fit_memory(
+            memory_features(structures, offsets, memory_trends), structure, memory
+        )
     dead = None
     if positions is not None:
         dead = dead_pairs(codes, positions, failed, failed & ~full_failed)
@@ -120,7 +145,8 @@ def fit_feasibility(
     if broke_rule is not None:
         rules = rule_patterns(codes, full_failed & broke_rule, feasible)
     if not full_failed.any():
-        return FeasibilityModel(offsets, None, dead=dead, rules=rules)
+        return FeasibilityModel(offsets, None, dead=dead, rules=rules, memory=memory_model,
+                                memory_trends=memory_trends)
     rows = full_failed | feasible
     trends = None if numeric is None else numeric_trends(numeric, offsets)
     weights, intercept = _logistic(
@@ -130,7 +156,8 @@ def fit_feasibility(
     if numeric is not None:
         per_column = [weights[offsets[j]: offsets[j + 1]] for j in range(len(n_values))]
         dominance = fit_dominance(codes, numeric, per_column, full_failed, feasible)
-    return FeasibilityModel(offsets, weights, intercept, dominance, dead, rules)
+    return FeasibilityModel(offsets, weights, intercept, dominance, dead, rules, memory_model,
+                            memory_trends)
 
 
 def _effective(theta: np.ndarray, lift: np.ndarray) -> np.ndarray:
@@ -154,6 +181,15 @@ def one_hot(codes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         taken = codes[:, column] >= 0  # ABSENT and OTHER (a value outside the domain) add none
         x[np.flatnonzero(taken), offsets[column] + codes[taken, column]] = 1.0
     return x
+
+
+def memory_features(
+    codes: np.ndarray, offsets: np.ndarray, trends: np.ndarray | None
+) -> np.ndarray:
+    """The memory model's design: the one-hot choices, then the ``trends``' values (see
+    :func:`numeric_trends`: a numeric column's centred log2 value, 0 where not asked)."""
+    x = one_hot(codes, offsets)
+    return x if trends is None else np.hstack([x, np.einsum("if,fk->ik", x, trends)])
 
 
 def numeric_trends(numeric: Sequence[np.ndarray | None], offsets: np.ndarray) -> np.ndarray | None:

@@ -51,7 +51,9 @@ class StructurePlan:
         phase: ``"startup"`` (too little history for a tournament: ask order) or ``"uct"``.
         feasibility: ``{"p_fail": ..., "bar": ..., "rejected": [[p_fail, bar, {param: value}],
             ...]}``: the learned failure probability of the plan, the most it was allowed
-            (:func:`fail_bar`), and the paths re-drawn before it with theirs.
+            (:func:`fail_bar`), and the paths re-drawn before it with theirs; where trials
+            report their peak memory, also ``"memory_use"``: the plan's predicted peak over
+            capacity (``memory.py``).
     """
 
     values: dict[str, Any]
@@ -195,7 +197,7 @@ def _feasible_path(
     model = fit_feasibility(
         table.codes, n_values, failed, (kinds == REAL) | (kinds == ESTIMATE),
         numeric=[numeric_values(values) for values in table.values], positions=table.positions,
-        broke_rule=table.broke_rule,
+        broke_rule=table.broke_rule, memory=table.memory,
     )
     codes, rewards, weights = table.codes, evidence.rewards, evidence.weights
     partial = failed | (kinds == PENDING)
@@ -226,7 +228,13 @@ def _feasible_path(
     rejected = [(round(p, 3), round(bar, 3), path)
                 for i, (p, bar, path) in enumerate(drawn) if i != best]
     p_fail, bar, steps = drawn[best]
-    return steps, {"p_fail": round(p_fail, 3), "bar": round(bar, 3), "rejected": rejected}
+    record = {"p_fail": round(p_fail, 3), "bar": round(bar, 3), "rejected": rejected}
+    if model.memory is not None:  # what the memory model expects of the path it runs
+        row = np.full(len(n_values), ABSENT)
+        for step in steps:
+            row[step.column] = step.code
+        record["memory_use"] = round(float(model.memory_use(row)[0]), 3)
+    return steps, record
 
 
 def fail_bar(steps: Sequence[Step], settings: PlanSettings) -> float:

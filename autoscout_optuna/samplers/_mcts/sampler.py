@@ -85,7 +85,11 @@ class MCTSSampler(BaseSampler):
     whose recorded reason is a broken rule (user attr ``failure_reason`` starting with
     ``invalid`` or ``unsupported``, such as CUDA graphs with ZeRO-3) is read as a rule
     instead: a path that makes every choice two such failures share, where no feasible trial
-    made them all, is avoided from then on. An evaluated configuration is not proposed again.
+    made them all, is avoided from then on. Trials that ran and report their peak memory over
+    the device's capacity (user attr ``memory_use``) teach a regression of its log on the
+    structure, whose P(out of memory) raises the path's P(FAIL): every run says how far from
+    the memory wall it was, not only the ones that hit it. An evaluated configuration is not
+    proposed again.
     A share of trials exploits: greedy along the best result, so the duplicate rule takes a
     local step from the incumbent.
 
