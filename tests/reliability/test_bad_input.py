@@ -100,6 +100,7 @@ BAD_ARGUMENTS = {
         "model_after": [-1, 2.5, "x", None],
         "explore_sampler": ["tpe", 5],
         "refine_sampler": ["tpe", _random_sampler],
+        "memory_model": ["yes", 1, None],
     },
     "MCTSSampler": {
         "seed": ["0", 1.5],
@@ -115,6 +116,7 @@ BAD_ARGUMENTS = {
         "tournament_depth": [0, 1.5, "2"],
         "feature_prioritization": ["no", None],
         "structural": [5, "layout"],  # a str is a Container of characters: a classic slip
+        "memory_model": ["yes", 1, None],
     },
     "CoordinateDescentSampler": {
         "seed": ["0", 1.5],

@@ -8,7 +8,7 @@ import numpy as np
 import optuna
 import pytest
 
-from autoscout_optuna import Infeasible, MCTSSampler
+from autoscout_optuna import AutoScoutSampler, Infeasible, MCTSSampler
 from autoscout_optuna._memory import memory_use
 from autoscout_optuna.samplers._mcts.feasibility import (
     fit_feasibility,
@@ -127,7 +127,8 @@ def test_mcts_runs_fewer_structures_that_do_not_fit_when_trials_report_memory():
     def failures(report: bool) -> int:
         total = 0
         for seed in range(4):
-            study = optuna.create_study(direction="maximize", sampler=MCTSSampler(seed=seed))
+            sampler = MCTSSampler(seed=seed, memory_model=True)
+            study = optuna.create_study(direction="maximize", sampler=sampler)
             study.optimize(_memory_objective(report), n_trials=30, catch=(Infeasible,))
             total += sum(t.state == optuna.trial.TrialState.FAIL for t in study.trials)
         return total
@@ -136,7 +137,8 @@ def test_mcts_runs_fewer_structures_that_do_not_fit_when_trials_report_memory():
 
 
 def test_the_plan_records_the_memory_it_expects():
-    study = optuna.create_study(direction="maximize", sampler=MCTSSampler(seed=0))
+    sampler = MCTSSampler(seed=0, memory_model=True)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
     study.optimize(_memory_objective(report=True), n_trials=25, catch=(Infeasible,))
     records = [t.user_attrs.get("mcts:feasibility", {}) for t in study.trials]
     expected = [r["memory_use"] for r in records if "memory_use" in r]
@@ -145,3 +147,39 @@ def test_the_plan_records_the_memory_it_expects():
         if "memory_use" in record and "memory_use" in trial.user_attrs:
             # the law is exact and log-linear: predictions land near what the trial reports
             assert record["memory_use"] == pytest.approx(trial.user_attrs["memory_use"], rel=0.5)
+
+
+
+def _trials(sampler, n_trials=25):
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.optimize(_memory_objective(report=True), n_trials=n_trials, catch=(Infeasible,))
+    return [(t.params, t.state) for t in study.trials], study
+
+
+def test_off_by_default_memory_reports_change_nothing():
+    with_reports, study = _trials(MCTSSampler(seed=1))
+    assert not any("memory_use" in t.user_attrs.get("mcts:feasibility", {})
+                   for t in study.trials)
+    # the same search as on an objective that reports nothing
+    study = optuna.create_study(direction="maximize", sampler=MCTSSampler(seed=1))
+    study.optimize(_memory_objective(report=False), n_trials=25, catch=(Infeasible,))
+    assert with_reports == [(t.params, t.state) for t in study.trials]
+
+
+def test_autoscout_hands_the_option_to_mcts_and_the_model_arm(monkeypatch):
+    from autoscout_optuna.samplers._autoscout import plan as autoscout_plan
+
+    seen = []
+    original = autoscout_plan.propose_encoded
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("memory") is not None)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(autoscout_plan, "propose_encoded", spy)
+    _, study = _trials(AutoScoutSampler(seed=0, memory_model=True), n_trials=40)
+    assert any("memory_use" in t.user_attrs.get("mcts:feasibility", {}) for t in study.trials)
+    assert seen and all(seen)
+    seen.clear()
+    _trials(AutoScoutSampler(seed=0), n_trials=40)
+    assert seen and not any(seen)

@@ -375,19 +375,21 @@ def exploring_succeeds(history: Sequence[Seen], last: int = 5) -> bool:
 
 def model_proposal(
     history: Sequence[Seen], space: ObservedSpace, rng: np.random.Generator,
-    table: HistoryTable | None = None,
+    table: HistoryTable | None = None, memory_model: bool = False,
 ) -> Proposal | None:
     """The model arm's structure (:mod:`~autoscout_optuna.samplers._autoscout.surrogate`).
 
     ``table``: a :class:`~autoscout_optuna.samplers._autoscout.history_table.HistoryTable`
     the caller keeps between calls, so a proposal reads only the trials added since the last.
+    ``memory_model``: also learn P(out of memory) from the peak memory trials report.
     """
     names = list(space.structural)
     values = [discrete_values(space.distributions[n]) for n in names]
     inputs = (table or HistoryTable()).read(history, names, values)
     return propose_encoded(names, values, inputs.codes, inputs.kinds, inputs.scores,
                            inputs.conditions, rng, gram=inputs.gram, positions=inputs.positions,
-                           broke_rule=inputs.broke_rule, memory=inputs.memory)
+                           broke_rule=inputs.broke_rule,
+                           memory=inputs.memory if memory_model else None)
 
 
 def _arm(obs: Seen) -> str:

@@ -78,6 +78,7 @@ class PlanSettings:
     max_fail_probability: float = 0.3
     fail_promise_slack: float = 0.3
     max_redraws: int = 8
+    memory_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def _feasible_path(
     model = fit_feasibility(
         table.codes, n_values, failed, (kinds == REAL) | (kinds == ESTIMATE),
         numeric=[numeric_values(values) for values in table.values], positions=table.positions,
-        broke_rule=table.broke_rule, memory=table.memory,
+        broke_rule=table.broke_rule, memory=table.memory if settings.memory_model else None,
     )
     codes, rewards, weights = table.codes, evidence.rewards, evidence.weights
     partial = failed | (kinds == PENDING)

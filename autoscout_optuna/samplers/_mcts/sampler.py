@@ -85,11 +85,11 @@ class MCTSSampler(BaseSampler):
     whose recorded reason is a broken rule (user attr ``failure_reason`` starting with
     ``invalid`` or ``unsupported``, such as CUDA graphs with ZeRO-3) is read as a rule
     instead: a path that makes every choice two such failures share, where no feasible trial
-    made them all, is avoided from then on. Trials that ran and report their peak memory over
-    the device's capacity (user attr ``memory_use``) teach a regression of its log on the
-    structure, whose P(out of memory) raises the path's P(FAIL): every run says how far from
-    the memory wall it was, not only the ones that hit it. An evaluated configuration is not
-    proposed again.
+    made them all, is avoided from then on. With ``memory_model=True``, trials that ran and
+    report their peak memory over the device's capacity (user attr ``memory_use``) also teach
+    a regression of its log on the structure, whose P(out of memory) raises the path's
+    P(FAIL): every run says how far from the memory wall it was, not only the ones that hit
+    it. An evaluated configuration is not proposed again.
     A share of trials exploits: greedy along the best result, so the duplicate rule takes a
     local step from the incumbent.
 
@@ -140,6 +140,11 @@ class MCTSSampler(BaseSampler):
             (no tournament): the ablation of feature prioritization.
         structural: Names of the params to treat as structural (tree levels); None: by
             distribution (``autoscout_optuna._space.is_structural``).
+        memory_model: Learn P(out of memory) from the peak memory trials report (user attr
+            ``memory_use``, see ``samplers/_mcts/memory.py``). Off by default: in the
+            ``autoscout`` benchmark it cut failed runs by a sixth at the same best/optimum at
+            100 trials, but past 200 trials on 70B it found less (it can call a layout that
+            ran out of memory, when the regression misfits near the wall).
     """
 
     # Decisions depend only on (seed, decision number, non-orphaned history): after a worker
@@ -162,13 +167,15 @@ class MCTSSampler(BaseSampler):
         feature_prioritization: bool = True,
         exploit_probability: float = 0.4,
         structural: Container[str] | None = None,
+        memory_model: bool = False,
     ) -> None:
         _validate.reals(exploration=exploration, rave_equivalence=rave_equivalence,
                         max_backup=max_backup, rave_visit_share=rave_visit_share,
                         failure_reward=failure_reward, estimate_weight=estimate_weight,
                         exploit_probability=exploit_probability)
         _validate.integers(n_orderings=n_orderings, tournament_depth=tournament_depth)
-        _validate.booleans(feature_prioritization=feature_prioritization)
+        _validate.booleans(feature_prioritization=feature_prioritization,
+                           memory_model=memory_model)
         if structural is not None and (isinstance(structural, str)
                                        or not isinstance(structural, Container)):
             raise TypeError(f"structural must be a collection of param names or None, "
@@ -199,6 +206,7 @@ class MCTSSampler(BaseSampler):
             tournament_depth=int(tournament_depth),
             feature_prioritization=bool(feature_prioritization),
             exploit_probability=float(exploit_probability),
+            memory_model=bool(memory_model),
         )
         self._records: OrderedDict[tuple[tuple[str, int], int], _TrialRecord] = OrderedDict()
         self._builders: dict[tuple[str, int], TableBuilder] = {}  # cache: equal to a fresh encoding
