@@ -2,8 +2,9 @@
 
 An objective that knows its peak device memory records it as a fraction of the device's
 capacity, ``trial.set_user_attr("memory_use", peak / capacity)`` (the GPT runner and the
-reference training study do). MCTS and the model arm then learn how memory grows with each
-structural choice and avoid structures that would not fit before running them
+reference training study do). With ``memory_model=True`` (``AutoScoutSampler``,
+``MCTSSampler``), MCTS and the model arm then learn how memory grows with each structural
+choice and avoid structures that would not fit before running them
 (``samplers/_mcts/memory.py``); a trial that ran out of memory says so with
 ``failure_reason = "oom"`` (:class:`~autoscout_optuna.Infeasible`), as before.
 """

@@ -45,8 +45,8 @@ class StudyDefinition:
         memory_use: Optional ``memory_use(config)``: the peak device memory of a config that
             fits, as a fraction of the device's capacity, from the reference model (what a real
             runner measures and reports). Objectives record it as user attr ``memory_use`` on
-            each trial that ran, and the samplers learn from it which structures would not fit
-            (:mod:`autoscout_optuna._memory`).
+            each trial that ran; with ``memory_model=True`` the samplers learn from it which
+            structures would not fit (:mod:`autoscout_optuna._memory`).
     """
 
     name: str

@@ -13,10 +13,15 @@ log-fraction sits, in units of the fit's leave-one-out error, gives P(out of mem
 
 Only trials that ran are fitted. Those that ran out of memory are censored observations (above
 0, by how much unknown); an EM loop that filled them in with their expected value above 0
-failed more often less (seeds 0-159 of the ``autoscout`` suite, 100 trials, FAIL per seed after
+cut failures further (seeds 0-159 of the ``autoscout`` studies, 100 trials, FAIL per seed after
 trial 20: 8B 10.4 -> 9.5, 70B 16.1 -> 14.8) but pulled the fit up at the wall where 8B's best
 layouts sit: seeds reaching 99 % of the optimum fell from 35 to 25 of 160 (70B 39 -> 32).
 The logistic of ``feasibility.py`` already learns from those failures.
+
+The samplers use this model only with ``memory_model=True``: at 100 trials it cut failed runs
+by a sixth at the same best/optimum, but past 200 trials on 70B it found less (-0.018 at 300
+trials, seeds 0-39): new layouts a few percent under the wall, where 70B's best sit, are
+predicted a few percent over it (``benchmarks/results/README.md``, "Session 28").
 """
 
 from __future__ import annotations
