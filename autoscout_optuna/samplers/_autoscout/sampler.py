@@ -467,9 +467,7 @@ def _build_mcts(
 ) -> BaseSampler:
     from autoscout_optuna.samplers._mcts.sampler import MCTSSampler
 
-    options: dict[str, Any] = {"seed": seed, "fallback": fallback}
-    if memory_model:
-        options["memory_model"] = True
+    options: dict[str, Any] = {"seed": seed, "fallback": fallback, "memory_model": memory_model}
     if _accepts(MCTSSampler, "feature_prioritization"):
         options["feature_prioritization"] = feature_prioritization
     elif not feature_prioritization:

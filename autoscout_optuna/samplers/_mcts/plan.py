@@ -51,9 +51,9 @@ class StructurePlan:
         phase: ``"startup"`` (too little history for a tournament: ask order) or ``"uct"``.
         feasibility: ``{"p_fail": ..., "bar": ..., "rejected": [[p_fail, bar, {param: value}],
             ...]}``: the learned failure probability of the plan, the most it was allowed
-            (:func:`fail_bar`), and the paths re-drawn before it with theirs; where trials
-            report their peak memory, also ``"memory_use"``: the plan's predicted peak over
-            capacity (``memory.py``).
+            (:func:`fail_bar`), and the paths re-drawn before it with theirs; with
+            ``memory_model`` on and trials reporting their peak memory, also
+            ``"memory_use"``: the plan's predicted peak over capacity (``memory.py``).
     """
 
     values: dict[str, Any]
@@ -203,6 +203,7 @@ def _feasible_path(
     codes, rewards, weights = table.codes, evidence.rewards, evidence.weights
     partial = failed | (kinds == PENDING)
     drawn: list[tuple[float, float, list[Any]]] = []
+    drawn_rows: list[np.ndarray] = []  # each drawn path as a table row
     for _ in range(settings.max_redraws + 1):
         steps = plan_path(
             codes, n_values, rewards, weights, order, inactive_under, rng, policy,
@@ -213,6 +214,7 @@ def _feasible_path(
             row[step.column] = step.code
         p_fail, bar = float(model.p_fail(row)[0]), fail_bar(steps, settings)
         drawn.append((p_fail, bar, steps))
+        drawn_rows.append(row)
         if p_fail <= bar:
             # accepted: an earlier, rejected path may be less likely to fail, but it is also
             # less promising
@@ -231,10 +233,7 @@ def _feasible_path(
     p_fail, bar, steps = drawn[best]
     record = {"p_fail": round(p_fail, 3), "bar": round(bar, 3), "rejected": rejected}
     if model.memory is not None:  # what the memory model expects of the path it runs
-        row = np.full(len(n_values), ABSENT)
-        for step in steps:
-            row[step.column] = step.code
-        record["memory_use"] = round(float(model.memory_use(row)[0]), 3)
+        record["memory_use"] = round(float(model.memory_use(drawn_rows[best])[0]), 3)
     return steps, record
 
 
