@@ -8,7 +8,8 @@ the whole subtree below the choices made so far.
 
 ``python -m autoscout_optuna._enumerate llm_training preset=70b-512 --store`` prints the optimum
 and stores it in ``studies/_optima.json``; ``--landscape`` instead says how rare good structures
-are (how many reach each fraction of the optimum with dense knobs at the middle of their range).
+are (how many reach each fraction of the optimum with dense knobs at the middle of their range)
+and how rugged the structure space is for a search that changes one choice at a time.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def _next_path(path: list[int], sizes: list[int]) -> list[int] | None:
 
 def _walk(
     suggest: Callable[[Any], Config], dense_points: int
-) -> Iterator[tuple[Config, dict[str, Any]]]:
+) -> Iterator[tuple[Config, _ReplayTrial]]:
     # Shared grid cache: rebuilding grids per replay would dominate the run time.
     grids: dict[tuple, tuple[BaseDistribution, list[Any]]] = {}
     path: list[int] | None = []
@@ -138,7 +139,7 @@ def _walk(
         except Infeasible:
             config = None
         if config is not None:
-            yield config, trial.params
+            yield config, trial
         path = _next_path(path, trial.sizes)
 
 
@@ -219,11 +220,11 @@ def find_optimum(
         ValueError: when every config is infeasible.
     """
     best: list[tuple[float, int, dict[str, Any]]] = []
-    for counter, (config, params) in enumerate(_walk(definition.suggest, dense_points)):
+    for counter, (config, trial) in enumerate(_walk(definition.suggest, dense_points)):
         score = _score(definition, config)
         if score is None:
             continue
-        entry = (score, counter, dict(params))
+        entry = (score, counter, dict(trial.params))
         if len(best) < top:
             heapq.heappush(best, entry)
         elif score > best[0][0]:
@@ -240,17 +241,24 @@ def find_optimum(
 
 
 LANDSCAPE_LEVELS = (0.99, 0.97, 0.95, 0.9, 0.8)
+# Local maxima listed by value in ``landscape``'s answer (the rest are counted).
+TOP_LOCAL_MAXIMA = 5
 
 
 def landscape(
     definition: StudyDefinition, levels: Sequence[float] = LANDSCAPE_LEVELS
 ) -> dict[str, Any]:
-    """How hard the study is for a search: its structures, how many are infeasible, and how
+    """How hard the study is for a search: its structures, how many are infeasible, how
     many reach each of ``levels`` (fractions of the stored optimum, best/optimum as the
-    benchmarks score it) with every dense knob at the middle of its range.
+    benchmarks score it) with every dense knob at the middle of its range, and how rugged the
+    feasible ones are under one-change moves (:func:`one_change_neighbours`).
 
     A level no structure reaches untuned says that the dense knobs must be tuned too; one that
-    a single structure reaches says the search must find that one.
+    a single structure reaches says the search must find that one. ``local_maxima`` counts the
+    feasible structures that no one-change neighbour beats (``top_local_maxima``: the best of
+    them), and ``best_basin`` is the share of feasible structures from which always taking the
+    best one-change neighbour ends on the best structure: where it is small, a search that
+    changes one choice at a time stops short from most starts.
 
     Raises:
         ValueError: when the definition has no stored optimum.
@@ -259,21 +267,70 @@ def landscape(
         raise ValueError(f"{definition.name!r} has no stored optimum to compare with")
     optimum = abs(float(definition.optimum))
     ratios: list[float] = []
+    structures: list[dict[str, Any]] = []
     n_infeasible = 0
-    for config in enumerate_configs(definition.suggest, dense_points=1):
+    for config, trial in _walk(definition.suggest, 1):
         score = _score(definition, config)
         if score is None:
             n_infeasible += 1
             continue
         value = abs(score)
         ratios.append(value / optimum if definition.direction == "maximize" else optimum / value)
+        structures.append({name: trial.params[name]
+                           for name, dist in trial.distributions.items() if is_structural(dist)})
     reached = np.asarray(ratios, dtype=float)
+    ends = steepest_ascent(reached, one_change_neighbours(structures))
+    peaks = np.unique(ends)
+    best = int(np.argmax(reached)) if reached.size else -1
     return {
         "structures": len(ratios) + n_infeasible,
         "infeasible": n_infeasible,
         "best_untuned": float(reached.max()) if reached.size else None,
         "reaching": {f"{level:g}": int((reached >= level).sum()) for level in levels},
+        "local_maxima": int(peaks.size),
+        "top_local_maxima": [round(float(v), 4) for v in
+                             sorted(reached[peaks], reverse=True)[:TOP_LOCAL_MAXIMA]],
+        "best_basin": round(float(np.mean(ends == best)), 4) if reached.size else None,
     }
+
+
+def one_change_neighbours(structures: Sequence[Mapping[str, Any]]) -> list[np.ndarray]:
+    """Per structure, the indices of those one structural choice away from it.
+
+    Two structures are one change apart when exactly one of the params both ask differs: a
+    param only one of them asks was switched on or off by that change (``pp`` from 1 to 2 asks
+    ``vpp``), which a search makes with the same step.
+    """
+    names = sorted({name for params in structures for name in params})
+    lookups: list[dict[str, int]] = [{} for _ in names]
+    codes = np.full((len(structures), len(names)), -1, dtype=np.int64)
+    for i, params in enumerate(structures):
+        for j, name in enumerate(names):
+            if name in params:
+                codes[i, j] = lookups[j].setdefault(repr(params[name]), len(lookups[j]))
+    asked = codes >= 0
+    neighbours = []
+    for i in range(len(structures)):
+        differs = (codes != codes[i]) & asked & asked[i]
+        neighbours.append(np.flatnonzero(differs.sum(axis=1) == 1))
+    return neighbours
+
+
+def steepest_ascent(values: np.ndarray, neighbours: Sequence[np.ndarray]) -> np.ndarray:
+    """Per structure, where always moving to the best neighbour while it is better ends (the
+    structure itself when no neighbour beats it: a local maximum)."""
+    step = np.arange(len(values))
+    for i, around in enumerate(neighbours):
+        if around.size:
+            j = int(around[np.argmax(values[around])])
+            if values[j] > values[i]:
+                step[i] = j
+    ends = step.copy()
+    while True:  # each move strictly improves, so the walk ends
+        following = step[ends]
+        if np.array_equal(following, ends):
+            return ends
+        ends = following
 
 
 def _parse_option(text: str) -> tuple[str, Any]:

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
-from autoscout_optuna._enumerate import enumerate_configs, find_optimum, landscape
+from autoscout_optuna._enumerate import (
+    enumerate_configs,
+    find_optimum,
+    landscape,
+    one_change_neighbours,
+    steepest_ascent,
+)
 from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._study_definition import StudyDefinition
 
@@ -152,3 +159,42 @@ def test_landscape_needs_a_stored_optimum():
                                  suggest=_conditional, measure=lambda config, rng=None: 1.0)
     with pytest.raises(ValueError, match="no stored optimum"):
         landscape(definition)
+
+
+def test_one_change_neighbours_count_only_the_params_both_ask():
+    structures = [{"a": 1, "b": 1}, {"a": 2, "b": 1}, {"a": 2, "b": 2}, {"a": 1, "b": 2}, {"a": 3}]
+    neighbours = [list(n) for n in one_change_neighbours(structures)]
+    # a=3 does not ask b: it is one change (of a) from every structure
+    assert neighbours[0] == [1, 3, 4]
+    assert neighbours[2] == [1, 3, 4]
+    assert neighbours[4] == [0, 1, 2, 3]
+
+
+def test_steepest_ascent_ends_on_the_local_maximum_of_each_start():
+    values = np.array([0.2, 0.9, 0.5, 1.0, 0.1])
+    neighbours = [np.array(n) for n in ([1, 2], [0], [0, 3], [2, 4], [3])]
+    assert list(steepest_ascent(values, neighbours)) == [1, 1, 3, 3, 3]
+
+
+# untuned values: two peaks under one-change moves, (tp 1, a) at 0.9 and (tp 4, b) at 1.0
+_RUGGED = {(1, "a"): 0.9, (2, "a"): 0.5, (4, "a"): 0.6, (1, "b"): 0.4, (2, "b"): 0.7,
+           (4, "b"): 1.0}
+
+
+def _rugged_suggest(trial):
+    config = {"tp": trial.suggest_categorical("tp", [1, 2, 4]),
+              "mode": trial.suggest_categorical("mode", ["a", "b"])}
+    config["x"] = trial.suggest_float("x", 0.0, 1.0)  # dense: not part of a structure
+    return config
+
+
+def test_landscape_counts_local_maxima_and_the_best_structures_basin():
+    definition = StudyDefinition(
+        name="rugged", direction="maximize", metric="score", suggest=_rugged_suggest,
+        measure=lambda config, rng=None: _RUGGED[config["tp"], config["mode"]], optimum=1.0,
+    )
+    result = landscape(definition)
+    assert result["local_maxima"] == 2
+    assert result["top_local_maxima"] == [1.0, 0.9]
+    # (tp 1, a) and (tp 2, a) climb to the 0.9 peak; the other four reach the best
+    assert result["best_basin"] == pytest.approx(4 / 6, abs=1e-4)

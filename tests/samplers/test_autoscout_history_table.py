@@ -19,7 +19,7 @@ from autoscout_optuna.samplers._autoscout.startup import infer_conditions
 from autoscout_optuna.samplers._autoscout.surrogate import (
     ask_positions,
     encode,
-    scored_gram,
+    scored_grams,
     value_lookups,
 )
 
@@ -76,7 +76,7 @@ def assert_reads_as_rebuilt(table, history, value_lists=VALUES):
     assert np.array_equal(inputs.scores, np.asarray(scores, dtype=float), equal_nan=True)
     assert inputs.conditions == conditions
     # the kept gram plus the new rows' is, bit for bit, the gram of all rows
-    assert np.array_equal(inputs.gram, scored_gram(codes, kinds, value_offsets(value_lists)))
+    assert np.array_equal(inputs.grams, scored_grams(codes, kinds, value_offsets(value_lists)))
     assert np.array_equal(inputs.positions, ask_positions(NAMES, [o.params for o in history]))
     broke = [o.kind == "failed" and o.user_attrs.get("failure_reason") == "invalid_layout"
              for o in history]

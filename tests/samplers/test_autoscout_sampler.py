@@ -201,6 +201,31 @@ def test_model_arm_runs_the_structure_it_proposed_with_the_incumbents_dense_valu
                    for t in study.trials[: trial.number])
 
 
+def test_model_arm_weighs_estimates_by_the_samplers_estimate_weight(monkeypatch):
+    seen = []
+    original = planning.propose_encoded
+
+    def spy(names, value_lists, codes, kinds, *args, **kwargs):
+        seen.append(("estimate" in set(kinds), kwargs["estimate_weight"]))
+        return original(names, value_lists, codes, kinds, *args, **kwargs)
+
+    def objective(trial):
+        value = model_objective(trial)
+        if trial.number % 3 == 1:  # every third trial a simulator's estimate, not a real run
+            trial.report(value, step=0)
+            raise optuna.TrialPruned()
+        return value
+
+    monkeypatch.setattr(planning, "propose_encoded", spy)
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(
+        seed=2, n_startup_trials=6, model_arm=True, model_after=0, policy="alternate",
+        estimate_weight=0.2,
+    ))
+    study.optimize(objective, n_trials=30, catch=(Infeasible,))
+    assert any(with_estimates for with_estimates, _ in seen)
+    assert {weight for _, weight in seen} == {0.2}
+
+
 def test_model_arm_waits_until_structure_search_and_refinement_are_spent():
     def run(model_after):
         study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(

@@ -42,6 +42,25 @@ def test_proposals_rank_far_above_random_structures_on_a_log_additive_objective(
     assert np.mean(ranks) < 0.15
 
 
+def test_estimates_steer_the_model_by_the_weight_given_them():
+    # simulator estimates that call tp=1 (the worst tp) the best choice by far
+    fakes = [dict(p, tp=1) for p in ALL[5::37]][:6]
+    picks = {}
+    for weight in (1.0, 0.02):
+        chosen = []
+        for seed in range(20):
+            rows, kinds, scores = random_history(seed, 16)
+            proposal = surrogate.propose(
+                NAMES, VALUES, rows + fakes, kinds + ["estimate"] * len(fakes),
+                scores + [3 * max(scores)] * len(fakes), {}, np.random.default_rng(seed),
+                estimate_weight=weight,
+            )
+            chosen.append(proposal.values["tp"])
+        picks[weight] = chosen.count(1)
+    assert picks[1.0] >= 15  # counted like real runs, the estimates decide
+    assert picks[0.02] <= 5  # barely counted, the real runs do
+
+
 def test_an_oriented_minimized_score_is_modelled_the_same_way():
     # minimizing step time 1 / throughput: oriented scores are -time (all negative)
     values = sorted((throughput(p) for p in ALL), reverse=True)

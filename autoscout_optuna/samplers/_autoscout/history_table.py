@@ -1,8 +1,9 @@
 """The model arm's table of the history, extended as trials finish (a cache, not state).
 
 A model proposal needs every trial's structural codes, kind and score, the dependency tree read
-from them, its ridge's ``X^T W X`` (sums of counts and halves: exact in any order), and, for
-its feasibility check, each trial's ask positions and whether it failed on a broken rule. Built
+from them, its ridge's ``X^T X`` over the real and over the estimate rows (counts: exact in any
+order), and, for its feasibility check, each trial's ask positions and whether it failed on a
+broken rule. Built
 from scratch, that walks every record of the history on every proposal: at 1,000 trials, more
 of the arm's time than its numeric work. Finished trials never change, and the history reader
 hands back the very same record objects for them, so the table keeps the rows of the history's
@@ -28,7 +29,7 @@ from autoscout_optuna.samplers._autoscout.reader import Seen
 from autoscout_optuna.samplers._autoscout.surrogate import (
     ask_positions,
     encode,
-    scored_gram,
+    scored_grams,
     value_lookups,
 )
 from autoscout_optuna.samplers._mcts.encoding import value_key
@@ -46,7 +47,8 @@ class ModelInputs:
         kinds: Per trial, ``"real"``, ``"estimate"``, ``"failed"`` or ``"pending"``.
         scores: Per trial, its oriented score (nan where it has none).
         conditions: The dependency tree, as ``conditions_of`` reads it from ``codes``.
-        gram: The ridge's ``X^T W X`` over the scored trials (``surrogate.scored_gram``).
+        grams: The ridge's ``X^T X`` over the real and over the estimate trials
+            (``surrogate.scored_grams``; ``surrogate.weighted_gram`` weighs them).
         positions: Per trial, where each structural param came in its ask order
             (``surrogate.ask_positions``; -1 if not asked).
         broke_rule: Per trial, whether it failed on a broken rule, not a resource limit
@@ -59,7 +61,7 @@ class ModelInputs:
     kinds: np.ndarray
     scores: np.ndarray
     conditions: dict[str, dict[str, list[Any]]]
-    gram: np.ndarray
+    grams: np.ndarray
     positions: np.ndarray
     broke_rule: np.ndarray
     memory: np.ndarray
@@ -89,7 +91,7 @@ class HistoryTable:
         self._memory = np.zeros(0)
         self._offsets = value_offsets(value_lists)
         self._evidence = ConditionEvidence(self._offsets)
-        self._gram = scored_gram(self._codes, self._kinds, self._offsets)
+        self._grams = scored_grams(self._codes, self._kinds, self._offsets)
 
     def read(
         self, history: Sequence[Seen], names: Sequence[str],
@@ -125,19 +127,19 @@ class HistoryTable:
                 self._rules = np.concatenate([self._rules, rules[:finished]])
                 self._memory = np.concatenate([self._memory, memory[:finished]])
                 self._evidence.add(codes[:finished])
-                self._gram = self._gram + scored_gram(codes[:finished], kinds[:finished],
-                                                      self._offsets)
-            evidence, gram = self._evidence, self._gram
+                self._grams = self._grams + scored_grams(codes[:finished], kinds[:finished],
+                                                         self._offsets)
+            evidence, grams = self._evidence, self._grams
             if finished < len(tail):  # running trials (or finished after one): this read only
                 evidence = evidence.copy()
                 evidence.add(codes[finished:])
-                gram = gram + scored_gram(codes[finished:], kinds[finished:], self._offsets)
+                grams = grams + scored_grams(codes[finished:], kinds[finished:], self._offsets)
             return ModelInputs(
                 codes=np.concatenate([self._codes, codes[finished:]]),
                 kinds=np.concatenate([self._kinds, kinds[finished:]]),
                 scores=np.concatenate([self._scores, scores[finished:]]),
                 conditions=evidence.conditions(names, value_lists),
-                gram=gram,
+                grams=grams,
                 positions=np.concatenate([self._positions, positions[finished:]]),
                 broke_rule=np.concatenate([self._rules, rules[finished:]]),
                 memory=np.concatenate([self._memory, memory[finished:]]),

@@ -24,7 +24,12 @@ from autoscout_optuna.samplers._autoscout.did import (
 from autoscout_optuna.samplers._autoscout.history_table import HistoryTable
 from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
 from autoscout_optuna.samplers._autoscout.startup import infer_conditions, least_covered
-from autoscout_optuna.samplers._autoscout.surrogate import Proposal, propose_encoded
+from autoscout_optuna.samplers._autoscout.surrogate import (
+    ESTIMATE_WEIGHT,
+    Proposal,
+    propose_encoded,
+    weighted_gram,
+)
 
 ARMED = ("explore", "neighbour", "model", "refine")
 # Arms that propose a structure (refine keeps one and moves dense knobs).
@@ -376,20 +381,24 @@ def exploring_succeeds(history: Sequence[Seen], last: int = 5) -> bool:
 def model_proposal(
     history: Sequence[Seen], space: ObservedSpace, rng: np.random.Generator,
     table: HistoryTable | None = None, memory_model: bool = False,
+    estimate_weight: float = ESTIMATE_WEIGHT,
 ) -> Proposal | None:
     """The model arm's structure (:mod:`~autoscout_optuna.samplers._autoscout.surrogate`).
 
     ``table``: a :class:`~autoscout_optuna.samplers._autoscout.history_table.HistoryTable`
     the caller keeps between calls, so a proposal reads only the trials added since the last.
     ``memory_model``: also learn P(out of memory) from the peak memory trials report.
+    ``estimate_weight``: a PRUNED trial's estimate in the regression, a real value's being 1.
     """
     names = list(space.structural)
     values = [discrete_values(space.distributions[n]) for n in names]
     inputs = (table or HistoryTable()).read(history, names, values)
     return propose_encoded(names, values, inputs.codes, inputs.kinds, inputs.scores,
-                           inputs.conditions, rng, gram=inputs.gram, positions=inputs.positions,
-                           broke_rule=inputs.broke_rule,
-                           memory=inputs.memory if memory_model else None)
+                           inputs.conditions, rng,
+                           gram=weighted_gram(inputs.grams, estimate_weight),
+                           positions=inputs.positions, broke_rule=inputs.broke_rule,
+                           memory=inputs.memory if memory_model else None,
+                           estimate_weight=estimate_weight)
 
 
 def _arm(obs: Seen) -> str:

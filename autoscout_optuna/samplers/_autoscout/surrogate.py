@@ -54,6 +54,8 @@ MIN_SCORED = 4
 # ``llm_training`` 70B best/optimum -0.009 with one failure, -0.002 with two; on 8B 2.5 and 1.4
 # fewer FAIL trials per seed after trial 20.
 DEAD_PAIR_FAILURES = 2
+# A PRUNED trial's estimate against a real value, unless the caller says otherwise (the
+# sampler passes its ``estimate_weight``).
 ESTIMATE_WEIGHT = 0.5
 
 
@@ -81,6 +83,7 @@ def propose(
     rng: np.random.Generator,
     broke_rule: Sequence[bool] | None = None,
     memory: Sequence[float] | None = None,
+    estimate_weight: float = ESTIMATE_WEIGHT,
 ) -> Proposal | None:
     """The structure the model arm runs next; None with fewer than ``MIN_SCORED`` scored
     trials or when every candidate was run already.
@@ -100,6 +103,7 @@ def propose(
             (:func:`autoscout_optuna._failure.breaks_a_rule`); None: none did.
         memory: Per row, the peak memory over capacity it reported (NaN: none;
             :mod:`autoscout_optuna._memory`); None: no row did.
+        estimate_weight: Weight of an ``"estimate"`` row in the ridge, a real one's being 1.
     """
     codes = encode(names, value_lookups(value_lists), rows)
     return propose_encoded(
@@ -107,6 +111,7 @@ def propose(
         positions=ask_positions(names, rows),
         broke_rule=None if broke_rule is None else np.asarray(broke_rule, dtype=bool),
         memory=None if memory is None else np.asarray(memory, dtype=float),
+        estimate_weight=estimate_weight,
     )
 
 
@@ -122,9 +127,11 @@ def propose_encoded(
     positions: np.ndarray | None = None,
     broke_rule: np.ndarray | None = None,
     memory: np.ndarray | None = None,
+    estimate_weight: float = ESTIMATE_WEIGHT,
 ) -> Proposal | None:
     """:func:`propose` on trials already encoded (``codes``, as :func:`encode` returns);
-    ``gram``, where the caller keeps it, is :func:`scored_gram` of these trials;
+    ``gram``, where the caller keeps it, is :func:`weighted_gram` of these trials'
+    :func:`scored_grams` at this ``estimate_weight``;
     ``positions`` (:func:`ask_positions`) and ``broke_rule``, where given, let the feasibility
     model name the dead pairs of prefix failures and the patterns of rule failures;
     ``memory``, where given, fits its memory model (``_mcts/memory.py``)."""
@@ -138,7 +145,8 @@ def propose_encoded(
     scored_scores = np.asarray(scores, dtype=float)[scored]
     weights = draw_weights(
         feature_indices(codes[scored], offsets), 1 + int(offsets[-1]),
-        log_scores(scored_scores), _ridge_weights(kind[scored]), rng, gram=gram,
+        log_scores(scored_scores), _ridge_weights(kind[scored], estimate_weight), rng,
+        gram=gram,
     )
     order = np.argsort(-scored_scores, kind="stable")
     templates = codes[np.flatnonzero(scored)[order[:N_TEMPLATES]]]
@@ -227,22 +235,32 @@ def _scored(kind: np.ndarray) -> np.ndarray:
     return (kind == "real") | (kind == "estimate")
 
 
-def _ridge_weights(kind: np.ndarray) -> np.ndarray:
-    """Each scored row's weight in the ridge: ``ESTIMATE_WEIGHT`` for an estimate."""
-    return np.where(kind == "estimate", ESTIMATE_WEIGHT, 1.0)
+def _ridge_weights(kind: np.ndarray, estimate_weight: float) -> np.ndarray:
+    """Each scored row's weight in the ridge: ``estimate_weight`` for an estimate."""
+    return np.where(kind == "estimate", estimate_weight, 1.0)
 
 
-def scored_gram(codes: np.ndarray, kinds: Sequence[str], offsets: np.ndarray) -> np.ndarray:
-    """``X^T W X`` of the ridge over the scored rows of ``codes`` (:func:`gram_matrix`).
+def scored_grams(codes: np.ndarray, kinds: Sequence[str], offsets: np.ndarray) -> np.ndarray:
+    """The ridge's ``X^T X`` over the real rows of ``codes`` and over the estimate rows, as
+    ``[real, estimate]`` (:func:`gram_matrix` with unit weights; combine them with
+    :func:`weighted_gram`).
 
-    Its entries are sums of the row weights, 1 and ``ESTIMATE_WEIGHT`` = 0.5: exact in
-    floating point in any order, so the sum of the grams of two parts of a history is, bit for
-    bit, the gram of the whole (a caller can keep it and add only new rows).
+    Their entries are counts: exact in floating point in any order, so the sum of the grams of
+    two parts of a history is, bit for bit, the grams of the whole (a caller can keep them and
+    add only new rows), at any estimate weight.
     """
     kind = np.asarray(kinds, dtype=str)
-    scored = _scored(kind)
-    return gram_matrix(feature_indices(codes[scored], offsets), 1 + int(offsets[-1]),
-                       _ridge_weights(kind[scored]))
+    n_weights = 1 + int(offsets[-1])
+    return np.stack([
+        gram_matrix(feature_indices(codes[kind == part], offsets), n_weights,
+                    np.ones(int((kind == part).sum())))
+        for part in ("real", "estimate")
+    ])
+
+
+def weighted_gram(grams: np.ndarray, estimate_weight: float) -> np.ndarray:
+    """``X^T W X`` of the ridge from :func:`scored_grams`: estimate rows at ``estimate_weight``."""
+    return grams[0] + estimate_weight * grams[1]
 
 
 def gram_matrix(features: np.ndarray, n_weights: int, w: np.ndarray) -> np.ndarray:
