@@ -3,14 +3,13 @@
 A model proposal needs every trial's structural codes, kind and score, the dependency tree read
 from them, its ridge's ``X^T X`` over the real and over the estimate rows (counts: exact in any
 order), and, for its feasibility check, each trial's ask positions and whether it failed on a
-broken rule. Built
-from scratch, that walks every record of the history on every proposal: at 1,000 trials, more
-of the arm's time than its numeric work. Finished trials never change, and the history reader
-hands back the very same record objects for them, so the table keeps the rows of the history's
-finished start (up to its first running trial) and a proposal reads only the records after
-them. Whenever the history no longer starts with the kept records (a study recreated, a
-running trial in the middle finished, other value lists), the table starts over from the
-history, so it answers exactly what a rebuild would.
+broken rule. Built from scratch, that walks every record of the history on every proposal: at
+1,000 trials, more of the arm's time than its numeric work. Finished trials never change, and
+the history reader hands back the very same record objects for them, so the table keeps the
+rows of the history's finished start (up to its first running trial) and a proposal reads only
+the records after them. Whenever the history no longer starts with the kept records (a study
+recreated, a running trial in the middle finished, other value lists), the table starts over
+from the history, so it answers exactly what a rebuild would.
 """
 
 from __future__ import annotations
