@@ -251,11 +251,13 @@ def scored_grams(codes: np.ndarray, kinds: Sequence[str], offsets: np.ndarray) -
     """
     kind = np.asarray(kinds, dtype=str)
     n_weights = 1 + int(offsets[-1])
-    return np.stack([
-        gram_matrix(feature_indices(codes[kind == part], offsets), n_weights,
-                    np.ones(int((kind == part).sum())))
-        for part in ("real", "estimate")
-    ])
+    grams = np.zeros((2, n_weights, n_weights))
+    for g, part in enumerate(("real", "estimate")):
+        rows = kind == part
+        if rows.any():  # most studies have no estimates, and a read often no finished rows
+            grams[g] = gram_matrix(feature_indices(codes[rows], offsets), n_weights,
+                                   np.ones(int(rows.sum())))
+    return grams
 
 
 def weighted_gram(grams: np.ndarray, estimate_weight: float) -> np.ndarray:
