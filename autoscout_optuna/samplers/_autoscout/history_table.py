@@ -71,26 +71,24 @@ class HistoryTable:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._start_over(None, [])
+        self._start_over(None, [], [])
 
     def __reduce__(self) -> tuple[type, tuple[()]]:
         return (HistoryTable, ())  # a cache: rebuilt from the history after unpickling
 
-    def _start_over(self, signature: Any, value_lists: Sequence[Sequence[Any]]) -> None:
+    def _start_over(
+        self, signature: Any, names: Sequence[str], value_lists: Sequence[Sequence[Any]]
+    ) -> None:
         self._signature = signature
         self._lookups = value_lookups(value_lists)
         # each structure's codes: a long study runs one structure many times (refinements)
         self._by_structure: dict[Hashable, np.ndarray] = {}
         self._records: list[Seen] = []
-        self._codes = np.zeros((0, len(value_lists)), dtype=int)
-        self._kinds = np.zeros(0, dtype=str)
-        self._scores = np.zeros(0)
-        self._positions = np.zeros((0, len(value_lists)), dtype=np.int64)
-        self._rules = np.zeros(0, dtype=bool)
-        self._memory = np.zeros(0)
+        # the per-trial columns of ``ModelInputs``, for the kept records
+        self._rows = self._columns(names, [])
         self._offsets = value_offsets(value_lists)
         self._evidence = ConditionEvidence(self._offsets)
-        self._grams = scored_grams(self._codes, self._kinds, self._offsets)
+        self._grams = scored_grams(self._rows["codes"], self._rows["kinds"], self._offsets)
 
     def read(
         self, history: Sequence[Seen], names: Sequence[str],
@@ -103,28 +101,17 @@ class HistoryTable:
             kept = len(self._records)
             # list equality tests each record's identity first (records compare by identity)
             if signature != self._signature or list(history[:kept]) != self._records:
-                self._start_over(signature, value_lists)
+                self._start_over(signature, names, value_lists)
                 kept = 0
             tail = history[kept:]
-            codes = self._encode(names, tail)
-            kinds = np.array([obs.kind for obs in tail], dtype=str)
-            scores = np.array([np.nan if obs.score is None else obs.score for obs in tail],
-                              dtype=float)
-            positions = ask_positions(names, [obs.params for obs in tail])
-            rules = np.array([failed_on_a_rule(obs.kind, obs.user_attrs) for obs in tail],
-                             dtype=bool)
-            memory = np.array([memory_use(obs.kind, obs.user_attrs) for obs in tail],
-                              dtype=float)
+            new = self._columns(names, tail)
+            codes, kinds = new["codes"], new["kinds"]
             finished = next((i for i, obs in enumerate(tail) if obs.kind == "pending"),
                             len(tail))
             if finished:
                 self._records.extend(tail[:finished])
-                self._codes = np.concatenate([self._codes, codes[:finished]])
-                self._kinds = np.concatenate([self._kinds, kinds[:finished]])
-                self._scores = np.concatenate([self._scores, scores[:finished]])
-                self._positions = np.concatenate([self._positions, positions[:finished]])
-                self._rules = np.concatenate([self._rules, rules[:finished]])
-                self._memory = np.concatenate([self._memory, memory[:finished]])
+                self._rows = {key: np.concatenate([self._rows[key], column[:finished]])
+                              for key, column in new.items()}
                 self._evidence.add(codes[:finished])
                 self._grams = self._grams + scored_grams(codes[:finished], kinds[:finished],
                                                          self._offsets)
@@ -134,15 +121,24 @@ class HistoryTable:
                 evidence.add(codes[finished:])
                 grams = grams + scored_grams(codes[finished:], kinds[finished:], self._offsets)
             return ModelInputs(
-                codes=np.concatenate([self._codes, codes[finished:]]),
-                kinds=np.concatenate([self._kinds, kinds[finished:]]),
-                scores=np.concatenate([self._scores, scores[finished:]]),
-                conditions=evidence.conditions(names, value_lists),
-                grams=grams,
-                positions=np.concatenate([self._positions, positions[finished:]]),
-                broke_rule=np.concatenate([self._rules, rules[finished:]]),
-                memory=np.concatenate([self._memory, memory[finished:]]),
+                conditions=evidence.conditions(names, value_lists), grams=grams,
+                **{key: np.concatenate([self._rows[key], column[finished:]])
+                   for key, column in new.items()},
             )
+
+    def _columns(self, names: Sequence[str], records: Sequence[Seen]) -> dict[str, np.ndarray]:
+        """The per-trial columns of ``ModelInputs`` for ``records``, keyed by field."""
+        return {
+            "codes": self._encode(names, records),
+            "kinds": np.array([obs.kind for obs in records], dtype=str),
+            "scores": np.array([np.nan if obs.score is None else obs.score for obs in records],
+                               dtype=float),
+            "positions": ask_positions(names, [obs.params for obs in records]),
+            "broke_rule": np.array([failed_on_a_rule(obs.kind, obs.user_attrs)
+                                    for obs in records], dtype=bool),
+            "memory": np.array([memory_use(obs.kind, obs.user_attrs) for obs in records],
+                               dtype=float),
+        }
 
     def _encode(self, names: Sequence[str], records: Sequence[Seen]) -> np.ndarray:
         if len(self._by_structure) > MAX_STRUCTURES:
