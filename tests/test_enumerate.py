@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -11,6 +12,7 @@ from autoscout_optuna._enumerate import (
     enumerate_configs,
     find_optimum,
     landscape,
+    main,
     one_change_neighbours,
     steepest_ascent,
 )
@@ -198,3 +200,12 @@ def test_landscape_counts_local_maxima_and_the_best_structures_basin():
     assert result["top_local_maxima"] == [1.0, 0.9]
     # (tp 1, a) and (tp 2, a) climb to the 0.9 peak; the other four reach the best
     assert result["best_basin"] == pytest.approx(4 / 6, abs=1e-4)
+
+
+def test_the_landscape_command_prints_the_counts_for_a_bundled_study(capsys):
+    assert main(["llm_serving", "--landscape"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    feasible = result["structures"] - result["infeasible"]
+    assert feasible > 0 and 1 <= result["local_maxima"] <= feasible
+    assert result["top_local_maxima"][0] == pytest.approx(result["best_untuned"], abs=1e-4)
+    assert 0.0 < result["best_basin"] <= 1.0
