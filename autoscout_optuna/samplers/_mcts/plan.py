@@ -202,8 +202,7 @@ def _feasible_path(
     )
     codes, rewards, weights = table.codes, evidence.rewards, evidence.weights
     partial = failed | (kinds == PENDING)
-    drawn: list[tuple[float, float, list[Any]]] = []
-    drawn_rows: list[np.ndarray] = []  # each drawn path as a table row
+    drawn: list[tuple[float, float, list[Any], np.ndarray]] = []  # ..., the path as a row
     for _ in range(settings.max_redraws + 1):
         steps = plan_path(
             codes, n_values, rewards, weights, order, inactive_under, rng, policy,
@@ -213,8 +212,7 @@ def _feasible_path(
         for step in steps:
             row[step.column] = step.code
         p_fail, bar = float(model.p_fail(row)[0]), fail_bar(steps, settings)
-        drawn.append((p_fail, bar, steps))
-        drawn_rows.append(row)
+        drawn.append((p_fail, bar, steps, row))
         if p_fail <= bar:
             # accepted: an earlier, rejected path may be less likely to fail, but it is also
             # less promising
@@ -229,11 +227,11 @@ def _feasible_path(
     else:
         best = min(range(len(drawn)), key=lambda i: (drawn[i][0], i))
     rejected = [(round(p, 3), round(bar, 3), path)
-                for i, (p, bar, path) in enumerate(drawn) if i != best]
-    p_fail, bar, steps = drawn[best]
+                for i, (p, bar, path, _) in enumerate(drawn) if i != best]
+    p_fail, bar, steps, row = drawn[best]
     record = {"p_fail": round(p_fail, 3), "bar": round(bar, 3), "rejected": rejected}
     if model.memory is not None:  # what the memory model expects of the path it runs
-        record["memory_use"] = round(float(model.memory_use(drawn_rows[best])[0]), 3)
+        record["memory_use"] = round(float(model.memory_use(row)[0]), 3)
     return steps, record
 
 
