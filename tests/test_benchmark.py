@@ -303,6 +303,28 @@ def test_suite_validates_its_arguments():
     assert labelled().study_labels() == ["toy[direction=maximize]", "toy[direction=maximize]#2"]
 
 
+def test_a_contender_can_start_from_the_studys_default_config():
+    expert = {"mode": "slow", "x": 0.55}
+    definition = dataclasses.replace(toy_definition(), default_config=expert)
+    starts = Contender("tpe from the expert config", make_tpe, start_from_default=True)
+    suite = toy_suite(definitions=[definition], contenders=[Contender("tpe", make_tpe), starts])
+    frame = run_suite(suite, None, n_workers=1)
+    first = frame[frame["trial"] == 0].set_index(["contender", "seed"])
+    expected = toy_measure(expert, None)
+    np.testing.assert_allclose(first.loc["tpe from the expert config", "true_value"], expected)
+    assert not np.isclose(first.loc["tpe", "true_value"], expected).any()
+    # The expert's trial is one of the budget's, not an extra one.
+    assert frame.groupby(["contender", "seed"]).size().eq(12).all()
+
+
+def test_starting_from_the_default_config_needs_a_study_that_has_one():
+    starts = Contender("tpe from the expert config", make_tpe, start_from_default=True)
+    with pytest.raises(ValueError, match=r"starts from the default config.*\['toy'\]"):
+        toy_suite(contenders=[starts])
+    with pytest.raises(TypeError, match="start_from_default must be a bool"):
+        Contender("tpe", make_tpe, start_from_default="yes")
+
+
 def test_rerunning_one_contender_merges_into_the_stored_results(tmp_path):
     from autoscout_optuna import benchmark
 

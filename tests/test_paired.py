@@ -152,6 +152,22 @@ def test_the_autoscout_suite_writes_its_paired_table_after_a_run(tmp_path):
     assert row in text
 
 
+def test_baselines_from_the_expert_config_are_paired_with_autoscout_started_alike(tmp_path):
+    from autoscout_optuna.benchmark.suites.autoscout import write_paired_report
+
+    run = pd.concat([_rows({0: [5.0] * 20}, contender="autoscout"),
+                     _rows({0: [9.0] * 20}, contender="autoscout from the expert config"),
+                     _rows({0: [6.0] * 20}, contender="tpe from the expert config")])
+    run.to_csv(tmp_path / "trials.csv", index=False)
+    first, _, second = write_paired_report(tmp_path).read_text().partition(
+        "## From the expert config")
+    # AutoScout from the expert config against AutoScout from scratch; the baseline that starts
+    # from it only against AutoScout started alike
+    assert "| autoscout from the expert config | s | 20 | 1 | 0.500 -> 0.900 |" in first
+    assert "tpe from the expert config" not in first
+    assert "| tpe from the expert config | s | 20 | 1 | 0.900 -> 0.600 |" in second
+
+
 def test_without_a_known_optimum_both_runs_are_scored_on_the_best_either_saw():
     before = _rows({0: [4.0, 5.0]}).assign(optimum=float("nan"))
     after = _rows({0: [4.0, 10.0]}).assign(optimum=float("nan"))

@@ -49,6 +49,9 @@ class Contender:
         make_objective: ``make_objective(definition, seed)``; None for the study's reference
             objective with measurement noise seeded by ``seed``.
         max_seeds: Run at most this many of the suite's seeds (for a slow sampler); None: all.
+        start_from_default: Run the study's ``default_config`` (the expert's configuration) as
+            the first trial, enqueued as a user would enqueue the config they run today; it
+            counts against the trial budget like any other trial.
     """
 
     name: str
@@ -56,6 +59,7 @@ class Contender:
     make_pruner: Callable[[int], BasePruner] | None = None
     make_objective: ObjectiveFactory | None = None
     max_seeds: int | None = None
+    start_from_default: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -66,6 +70,7 @@ class Contender:
         _validate.optional_callables(make_pruner=self.make_pruner,
                                      make_objective=self.make_objective)
         _validate.optional_integers(max_seeds=self.max_seeds)
+        _validate.booleans(start_from_default=self.start_from_default)
         if self.max_seeds is not None and self.max_seeds < 1:
             raise ValueError(f"max_seeds must be >= 1 or None, got {self.max_seeds}")
 
@@ -130,6 +135,13 @@ class Suite:
         names = [c.name for c in self.contenders]
         if len(set(names)) != len(names):
             raise ValueError(f"contenders must have distinct names, got {names}")
+        for contender in self.contenders:
+            lacking = [d.name for d in self.definitions if d.default_config is None]
+            if contender.start_from_default and lacking:
+                raise ValueError(
+                    f"contender {contender.name!r} starts from the default config, which "
+                    f"studies {lacking} do not define (StudyDefinition.default_config)"
+                )
 
     def study_labels(self) -> list[str]:
         """One distinct label per definition."""
@@ -330,6 +342,8 @@ def run_job(job: _Job) -> list[dict[str, Any]]:
         objective = reference_objective(definition, noise_seed=job.seed)
     objective = _recording_failures(objective)
     study = optuna.create_study(direction=definition.direction, sampler=sampler, pruner=pruner)
+    if contender.start_from_default:  # the suite checked that the study has one
+        study.enqueue_trial(dict(definition.default_config))
     try:
         study.optimize(objective, n_trials=job.n_trials, catch=(Infeasible,))
     except Exception as error:

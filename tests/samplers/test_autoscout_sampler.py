@@ -465,6 +465,10 @@ def test_benchmark_suites_compare_ablations_and_measure_overhead():
     assert {"autoscout", "tpe", "gp", "cmaes", "random", "ablation: alternation",
             "ablation: no dense optimizer", "ablation: naive reward"} <= names
     assert main.n_seeds >= 10 and main.n_trials == 100
+    # and each of AutoScout and the baselines again, starting from the study's expert config
+    expert = {c.name: c for c in main.contenders if c.start_from_default}
+    assert set(expert) == {f"{n} from the expert config"
+                           for n in ("autoscout", "tpe", "gp", "cmaes", "random")}
     assert suites["autoscout-overhead"].n_trials == 5000
     # trials to 99 % are censored at 100 trials: the long suite sees past them, against the
     # baselines the issue names except GP (its per-trial cost)
