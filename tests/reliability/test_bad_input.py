@@ -174,6 +174,7 @@ BAD_ARGUMENTS = {
         "make_pruner": [5],
         "make_objective": ["objective"],
         "max_seeds": [0, 1.5, "a"],
+        "start_from_default": ["yes", 1, None],
     },
     "Suite": {
         "name": ["", 5],
