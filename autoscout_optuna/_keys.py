@@ -24,3 +24,4 @@ ORPHANED = "autoscout:orphaned"  # True: failed because its worker died; sampler
 
 # user attrs (recovery)
 RETRY_OF = "autoscout:retry_of"  # number of the orphaned trial this one re-runs
+DEFAULT_CONFIG = "autoscout:default_config"  # True: the CLI queued it to run the default config

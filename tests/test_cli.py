@@ -39,6 +39,12 @@ def _study(tmp_path, name="toy"):
     return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'autoscout.db'}")
 
 
+def _default_trials(study):
+    from autoscout_optuna._keys import DEFAULT_CONFIG
+
+    return [t.number for t in study.trials if t.user_attrs.get(DEFAULT_CONFIG)]
+
+
 def test_parse_options_types():
     parsed = cli.parse_options(["gpus=128", "lr=3e-4", "fast=true", "eager=off", "model=70b",
                                 "max-seqs=8"])
@@ -98,6 +104,9 @@ def test_run_then_resume_then_show(toy, capsys):
     assert f"failed             {counts[TrialState.FAIL]} " in out
     assert "default config     1.5 items/s" in out  # measured once, noiselessly
     assert "gain over default" in out and "Best configuration:" in out
+    # ... and run as trial 0, so the sampler starts from it
+    assert study.trials[0].params == {"layout": "flat", "x": 0.5}
+    assert _default_trials(study) == [0] and "trial 0 runs the default config" in err
     assert "[5/5]" in err  # plain progress lines: stderr is not a terminal here
     note = get_note(study)
     assert "## AutoScout: toy" in note and "/artifacts/" in note
@@ -109,6 +118,7 @@ def test_run_then_resume_then_show(toy, capsys):
     assert "measuring the default" not in err
     assert optuna.get_all_study_names(f"sqlite:///{toy / 'autoscout.db'}") == ["toy"]
     assert len(_study(toy).trials) == 7
+    assert _default_trials(_study(toy)) == [0]  # not queued again on resume
 
     status, out, _ = _run_cli(capsys, "show", "--last", "0")
     assert status == 0
@@ -229,6 +239,7 @@ def test_a_second_worker_skips_the_claimed_default_and_counts_only_its_own_trial
     assert status == 0, err
     assert "measuring the default" not in err and "being measured by worker" in err
     assert len(_study(toy).trials) == 4  # 3 of ours and the other worker's
+    assert _default_trials(_study(toy)) == []  # the measuring worker's to queue
     assert "4 trials, 3 added by this run" in out
 
 
@@ -251,6 +262,7 @@ def test_workers_starting_together_measure_the_default_once(toy, capsys, monkeyp
     assert settled == [cli.CLAIM_SETTLE_S]
     assert "measuring the default" not in err and "being measured by worker" in err
     assert DEFAULT_VALUE_KEY not in _study(toy).user_attrs  # the other worker's to measure
+    assert _default_trials(_study(toy)) == []  # and to queue
 
 
 def test_a_default_claim_left_by_a_dead_worker_is_taken_over(toy, capsys):
@@ -269,6 +281,18 @@ def test_a_default_claim_left_by_a_dead_worker_is_taken_over(toy, capsys):
     assert "measuring the default" in err
     assert _study(toy).user_attrs[DEFAULT_VALUE_KEY] == pytest.approx(1.5)
     assert "default config     1.5 items/s" in out
+    assert _default_trials(_study(toy)) == [0]  # the study was still empty
+
+
+def test_a_study_with_trials_is_measured_against_the_default_without_queueing_it(toy, capsys):
+    study = optuna.create_study(storage=f"sqlite:///{toy / 'autoscout.db'}", study_name="toy",
+                                direction="maximize")
+    study.enqueue_trial({"layout": "tree", "x": 0.1, "depth": 3})
+    study.optimize(lambda trial: 1.0, n_trials=1)  # a trial this study ran before the CLI
+    status, out, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "2")
+    assert status == 0, err
+    assert "measuring the default" in err and "default config     1.5 items/s" in out
+    assert _default_trials(_study(toy)) == [] and "trial 0 runs" not in err
 
 
 def test_a_simulator_refused_trial_reads_as_predicted_not_as_a_hung_run():
