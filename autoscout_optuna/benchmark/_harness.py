@@ -135,8 +135,8 @@ class Suite:
         names = [c.name for c in self.contenders]
         if len(set(names)) != len(names):
             raise ValueError(f"contenders must have distinct names, got {names}")
+        lacking = [d.name for d in self.definitions if d.default_config is None]
         for contender in self.contenders:
-            lacking = [d.name for d in self.definitions if d.default_config is None]
             if contender.start_from_default and lacking:
                 raise ValueError(
                     f"contender {contender.name!r} starts from the default config, which "

@@ -261,8 +261,8 @@ def write_paired_report(directory: Path) -> Path:
         "the contender is better / worse by more than 0.001, seeds at 99 % of the optimum, and "
         "FAIL trials per seed after the first 20.\n\n" + markdown(table)
     )
-    if (trials["contender"] == reference).any() and expert_start.sum() > (
-            trials["contender"] == reference).sum():
+    baselines_from_expert = set(trials.loc[expert_start, "contender"]) - {reference}
+    if baselines_from_expert and (trials["contender"] == reference).any():
         table = paired_against(trials[expert_start], reference, budgets=(20, 50, 100))
         text += (
             f"\n## From the expert config: every baseline against {reference}\n\n"
