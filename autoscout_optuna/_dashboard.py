@@ -28,7 +28,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _storage
-from autoscout_optuna._keys import ARM, SIM_ERROR, TRUE_VALUE
+from autoscout_optuna._keys import ARM, DEFAULT_CONFIG, SIM_ERROR, TRUE_VALUE
 from autoscout_optuna._progress import format_value, is_predicted_failure
 
 ORDER_KEY = "mcts:order"  # the feature priority order MCTSSampler used for a trial
@@ -107,7 +107,7 @@ def summarize(study: optuna.Study) -> SearchSummary:
         best_true_value=None if best is None else _number(best.user_attrs.get(TRUE_VALUE)),
         best_params={} if best is None else dict(best.params),
         metric=str(user_attrs.get(METRIC_KEY, "")),
-        default_value=_number(user_attrs.get(DEFAULT_VALUE_KEY)),
+        default_value=_default_value(user_attrs, trials),
         arms=arms,
         simulator_errors=_simulator_errors(trials),
         predicted_failures=sum(1 for t in trials if is_predicted_failure(t)),
@@ -340,6 +340,28 @@ def _kind(trial: FrozenTrial) -> str:
     if trial.state == TrialState.PRUNED and trial.intermediate_values:
         return "simulated"
     return "failed"
+
+
+def _default_value(user_attrs: Mapping[str, Any], trials: list[FrozenTrial]) -> float | None:
+    """Measured beside the study (reference studies: noiselessly), else read from its trial."""
+    value = _number(user_attrs.get(DEFAULT_VALUE_KEY))
+    return value if value is not None else default_trial_value(trials)
+
+
+def default_trial_value(trials: list[FrozenTrial]) -> float | None:
+    """The default config's value as the study measured it: the trial the CLI queued to run
+    it (user attr ``autoscout:default_config``) or, if that run was lost (its worker died and
+    the sampler re-proposed the config), the first real trial with the same params; the
+    noiseless value where the study records one. None before any of them has a real value.
+    """
+    marked = next((t for t in trials if t.user_attrs.get(DEFAULT_CONFIG)), None)
+    if marked is None or not marked.params:  # not queued, or still waiting to run
+        return None
+    for trial in trials:
+        if trial.params == marked.params and _real_value(trial) is not None:
+            true_value = _number(trial.user_attrs.get(TRUE_VALUE))
+            return true_value if true_value is not None else _real_value(trial)
+    return None
 
 
 def _real_value(trial: FrozenTrial) -> float | None:

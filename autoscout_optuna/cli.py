@@ -296,7 +296,7 @@ def evaluate_default(study: optuna.Study, definition: Any) -> None:
     start together each write a claim, wait ``CLAIM_SETTLE_S`` and read it back: only the last
     writer measures. A claim whose worker died on this host is taken over. The worker that
     measures also queues the default config as trial 0 of a new study
-    (:func:`queue_default_trial`).
+    (:func:`queue_default_trial`); for a real study that trial is the measurement.
     """
     from autoscout_optuna import Infeasible
     from autoscout_optuna._dashboard import DEFAULT_VALUE_KEY
@@ -306,6 +306,9 @@ def evaluate_default(study: optuna.Study, definition: Any) -> None:
         return
     if DEFAULT_VALUE_KEY in study.user_attrs:
         print("the default config was measured already", file=sys.stderr)
+        return
+    if definition.is_real and _default_trial(study) is not None:
+        print("the default config runs as a trial of the study", file=sys.stderr)
         return
     claim = study.user_attrs.get(DEFAULT_CLAIM_KEY)
     me = worker_identity()
@@ -319,7 +322,9 @@ def evaluate_default(study: optuna.Study, definition: Any) -> None:
         print(f"the default config is being measured by worker {claim.get('host')}:"
               f"{claim.get('pid')}", file=sys.stderr)
         return
-    queue_default_trial(study, definition)
+    if queue_default_trial(study, definition) and definition.is_real:
+        # A real run of its own would only repeat trial 0: the gain is read from that trial.
+        return
     kind = "a real run" if definition.is_real else "noiseless reference"
     print(f"measuring the default config once ({kind})", file=sys.stderr)
     try:
@@ -330,24 +335,34 @@ def evaluate_default(study: optuna.Study, definition: Any) -> None:
     study.set_user_attr(DEFAULT_VALUE_KEY, value)
 
 
-def queue_default_trial(study: optuna.Study, definition: Any) -> None:
-    """Make the default config trial 0 of a study that has no trials yet.
+def queue_default_trial(study: optuna.Study, definition: Any) -> bool:
+    """Make the default config trial 0 of a study that has no trials yet; whether it did.
 
     The measurement above only reports the gain over the default; as a trial, the sampler
     learns from it too (AutoScout transplants its dense values into the structures it tries
-    while it leads). On the reference studies (the ``autoscout`` benchmark suite, 40 seeds)
-    starting from it lifted AutoScout's median best at 20 trials by 0.04-0.06 of the optimum
-    and at 100 trials by 0.001-0.07; in a ``make run`` of the GPT study (12 CPU trials) the
-    default config, measured beside the study, beat every trial the search ran without it. Only
-    the worker that claimed the default's measurement queues it, and only into an empty study
-    (not into one being resumed).
+    while it leads), and a real study needs no separate run of it (the summary reads the
+    default's value from the trial: ``_dashboard.default_trial_value``). On the reference
+    studies (the ``autoscout`` benchmark suite, 40 seeds) starting from it lifted AutoScout's
+    median best at 20 trials by 0.04-0.06 of the optimum and at 100 trials by 0.001-0.07; in a
+    ``make run`` of the GPT study (12 CPU trials) the default config, measured beside the
+    study, beat every trial the search ran without it. Only the worker that claimed the
+    default's measurement queues it, and only into an empty study (not into one being
+    resumed).
     """
     from autoscout_optuna._keys import DEFAULT_CONFIG
 
     if study.get_trials(deepcopy=False):
-        return
+        return False
     study.enqueue_trial(dict(definition.default_config), user_attrs={DEFAULT_CONFIG: True})
     print("trial 0 runs the default config", file=sys.stderr)
+    return True
+
+
+def _default_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    from autoscout_optuna._keys import DEFAULT_CONFIG
+
+    return next((t for t in study.get_trials(deepcopy=False)
+                 if t.user_attrs.get(DEFAULT_CONFIG)), None)
 
 
 def parse_options(items: Sequence[str]) -> dict[str, Any]:

@@ -295,6 +295,28 @@ def test_a_study_with_trials_is_measured_against_the_default_without_queueing_it
     assert _default_trials(_study(toy)) == [] and "trial 0 runs" not in err
 
 
+REAL_STUDY = TOY_STUDY.replace("default_config={", "is_real=True, default_config={")
+
+
+def test_a_real_study_reads_its_default_from_trial_0_without_a_run_of_its_own(toy, capsys):
+    from autoscout_optuna._progress import format_value
+
+    (toy / "real_study.py").write_text(REAL_STUDY)
+    status, out, err = _run_cli(capsys, "run", "real_study.py", "--n-trials", "3", "--seed", "2")
+    assert status == 0, err
+    assert "trial 0 runs the default config" in err and "measuring the default" not in err
+    first = _study(toy).trials[0]
+    assert _default_trials(_study(toy)) == [0] and first.state == TrialState.COMPLETE
+    assert f"default config     {format_value(first.value)} items/s" in out
+    assert "gain over default" in out
+    # Resumed: the default already runs as a trial, so it is neither measured nor queued again.
+    status, out, err = _run_cli(capsys, "run", "real_study.py", "--n-trials", "1", "--seed", "2")
+    assert status == 0, err
+    assert "runs as a trial of the study" in err and "measuring the default" not in err
+    assert _default_trials(_study(toy)) == [0]
+    assert f"default config     {format_value(first.value)} items/s" in out
+
+
 def test_a_simulator_refused_trial_reads_as_predicted_not_as_a_hung_run():
     from autoscout_optuna import Infeasible
     from autoscout_optuna._progress import summary_text

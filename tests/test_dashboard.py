@@ -136,3 +136,19 @@ def test_gain_compares_noiseless_values_when_the_study_records_them(tmp_path):
     assert summary.best_value == 2.2 and summary.best_true_value == 2.0
     assert summary.gain_over_default == pytest.approx(2.0)
     assert "(trial #0, noiseless 2)" in _dashboard.note_markdown(summary)
+
+
+def test_without_a_separate_measurement_the_default_comes_from_its_trial():
+    marked = {"autoscout:default_config": True}
+    lost = create_trial(state=TrialState.FAIL, params={"layout": "flat", "x": 0.5},
+                        distributions=DISTS, user_attrs=marked)
+    rerun = _trial(TrialState.COMPLETE, 1.25, x=0.5)
+    others = [_trial(TrialState.COMPLETE, 3.0, x=0.9), _trial(TrialState.COMPLETE, 1.0, x=0.5,
+                                                               layout="tree")]
+    # Its worker died, and the sampler re-proposed the same config later: that run counts.
+    assert _dashboard.default_trial_value([lost, *others, rerun]) == 1.25
+    ran = create_trial(state=TrialState.COMPLETE, value=1.5, params={"layout": "flat", "x": 0.5},
+                       distributions=DISTS, user_attrs={**marked, "true_value": 1.4})
+    assert _dashboard.default_trial_value([ran, *others]) == 1.4  # noiseless where recorded
+    assert _dashboard.default_trial_value([lost, *others]) is None  # no real run of it yet
+    assert _dashboard.default_trial_value(others) is None  # none was queued

@@ -161,10 +161,12 @@ def test_gpu_session_script_rehearses_two_workers_on_cpu(tmp_path):
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     logs = [(out / f"worker{i}.log").read_text() for i in (1, 2)]
-    # one worker measures the default config, the other skips it
-    assert sum("measuring the default config" in log for log in logs) == 1, logs
-    # ... while it measures, or, when it starts later (a loaded machine), after it measured
-    skipped = ("being measured by worker", "was measured already")
+    # one worker queues the default config as trial 0 (a real study: that trial is its
+    # measurement, no run of its own), the other skips it
+    assert sum("trial 0 runs the default config" in log for log in logs) == 1, logs
+    assert not any("measuring the default config" in log for log in logs), logs
+    # ... while it claims it, or, when it starts later (a loaded machine), once it is queued
+    skipped = ("being measured by worker", "runs as a trial of the study")
     assert sum(any(line in log for line in skipped) for log in logs) == 1, logs
     rows = (out / "results.csv").read_text().splitlines()
     header = rows[0].split(",")
