@@ -476,7 +476,7 @@ def test_benchmark_suites_compare_ablations_and_measure_overhead():
     assert long.n_trials >= 500 and long.n_seeds >= 40 and max(long.budgets) == long.n_trials
     assert {c.name for c in long.contenders} == {
         "autoscout", "ablation: no model arm", "variant: MCTSSampler alone", "tpe", "cmaes",
-        "random"}
+        "random", "autoscout from the expert config", "tpe from the expert config"}
     # the overhead space really has 15 knobs, spread over conditional branches
     knobs = set()
     for backend in ("gemm", "flash", "fused"):
