@@ -348,13 +348,19 @@ def _default_value(user_attrs: Mapping[str, Any], trials: list[FrozenTrial]) -> 
     return value if value is not None else default_trial_value(trials)
 
 
+def default_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
+    """The trial the CLI queued to run the default config (user attr
+    ``autoscout:default_config``), None if there is none."""
+    return next((t for t in trials if t.user_attrs.get(DEFAULT_CONFIG)), None)
+
+
 def default_trial_value(trials: list[FrozenTrial]) -> float | None:
     """The default config's value as the study measured it: the trial the CLI queued to run
     it (user attr ``autoscout:default_config``) or, if that run was lost (its worker died and
     the sampler re-proposed the config), the first real trial with the same params; the
     noiseless value where the study records one. None before any of them has a real value.
     """
-    marked = next((t for t in trials if t.user_attrs.get(DEFAULT_CONFIG)), None)
+    marked = default_trial(trials)
     if marked is None or not marked.params:  # not queued, or still waiting to run
         return None
     for trial in trials:

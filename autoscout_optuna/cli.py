@@ -299,7 +299,7 @@ def evaluate_default(study: optuna.Study, definition: Any) -> None:
     (:func:`queue_default_trial`); for a real study that trial is the measurement.
     """
     from autoscout_optuna import Infeasible
-    from autoscout_optuna._dashboard import DEFAULT_VALUE_KEY
+    from autoscout_optuna._dashboard import DEFAULT_VALUE_KEY, default_trial
     from autoscout_optuna._recovery import worker_gone, worker_identity
 
     if definition.default_config is None:
@@ -307,7 +307,7 @@ def evaluate_default(study: optuna.Study, definition: Any) -> None:
     if DEFAULT_VALUE_KEY in study.user_attrs:
         print("the default config was measured already", file=sys.stderr)
         return
-    if definition.is_real and _default_trial(study) is not None:
+    if definition.is_real and default_trial(study.get_trials(deepcopy=False)) is not None:
         print("the default config runs as a trial of the study", file=sys.stderr)
         return
     claim = study.user_attrs.get(DEFAULT_CLAIM_KEY)
@@ -356,13 +356,6 @@ def queue_default_trial(study: optuna.Study, definition: Any) -> bool:
     study.enqueue_trial(dict(definition.default_config), user_attrs={DEFAULT_CONFIG: True})
     print("trial 0 runs the default config", file=sys.stderr)
     return True
-
-
-def _default_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    from autoscout_optuna._keys import DEFAULT_CONFIG
-
-    return next((t for t in study.get_trials(deepcopy=False)
-                 if t.user_attrs.get(DEFAULT_CONFIG)), None)
 
 
 def parse_options(items: Sequence[str]) -> dict[str, Any]:

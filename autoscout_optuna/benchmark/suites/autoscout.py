@@ -148,7 +148,7 @@ def suites(quick: bool = False) -> list[Suite]:
     long_contenders = [contenders[0], no_model, mcts_alone] + [
         c for c in baselines.contenders() if c.name != "gp"]
     # from the expert config too: its trials to 99 %, which 100 trials censor
-    long_contenders += [c for c in expert_start if c.name.split(" ")[0] in ("autoscout", "tpe")]
+    long_contenders += from_expert([c for c in long_contenders if c.name in ("autoscout", "tpe")])
     overhead = overhead_definition()
     if quick:
         return [
