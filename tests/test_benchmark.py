@@ -371,13 +371,11 @@ def test_a_suites_extra_report_runs_after_its_summary_except_in_quick_runs(
     assert seen == ([] if quick else [(tmp_path / "toy_suite", True)])
 
 
-def test_plot_tells_every_contender_apart_and_keeps_the_legend_inside(tmp_path, monkeypatch):
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """Figures the plot saves, drawn (so legends have their final place)."""
     import matplotlib.figure
 
-    rows = []
-    for k in range(12):  # more contenders than the ten colours
-        for row in _hand_built("maximize", [1.0 + k, 2.0 + k], ["COMPLETE"] * 2, seed=0):
-            rows.append({**row, "contender": f"contender number {k} with a long name"})
     saved = []
     real_savefig = matplotlib.figure.Figure.savefig
 
@@ -387,8 +385,16 @@ def test_plot_tells_every_contender_apart_and_keeps_the_legend_inside(tmp_path, 
         return real_savefig(fig, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", capture)
+    return saved
+
+
+def test_plot_tells_every_contender_apart_and_keeps_the_legend_inside(tmp_path, saved_figures):
+    rows = []
+    for k in range(12):  # more contenders than the ten colours
+        for row in _hand_built("maximize", [1.0 + k, 2.0 + k], ["COMPLETE"] * 2, seed=0):
+            rows.append({**row, "contender": f"contender number {k} with a long name"})
     _report.plot_best_so_far(pd.DataFrame(rows), 2, tmp_path / "p.png", title="t")
-    (fig,) = saved
+    (fig,) = saved_figures
     lines = fig.axes[0].get_lines()
     looks = {(line.get_color(), line.get_linestyle()) for line in lines
              if not line.get_label().startswith("_")}
@@ -396,3 +402,41 @@ def test_plot_tells_every_contender_apart_and_keeps_the_legend_inside(tmp_path, 
     legend = fig.legends[0].get_window_extent()
     width = fig.get_window_extent().width
     assert legend.x0 >= 0 and legend.x1 <= width
+
+
+def test_plot_draws_a_row_per_group_and_one_for_the_contenders_no_group_names(tmp_path,
+                                                                             saved_figures):
+    rows = []
+    for k, name in enumerate("abcd"):
+        for row in _hand_built("maximize", [1.0 + k, 2.0 + k], ["COMPLETE"] * 2, seed=0):
+            rows.append({**row, "contender": name})
+    groups = [("first", ["a", "b"]), ("second", ["c", "a"]), ("not run", ["zz"])]
+    _report.plot_best_so_far(pd.DataFrame(rows), 2, tmp_path / "p.png", title="t",
+                             groups=groups)
+    (fig,) = saved_figures
+    drawn = [[line.get_label().split(" (")[0] for line in ax.get_lines()
+              if not line.get_label().startswith("_")] for ax in fig.axes]
+    assert drawn == [["a", "b"], ["c", "a"], ["d"]]  # a group with nothing run has no row
+    assert [ax.get_ylabel().split("\n")[0] for ax in fig.axes] == [
+        "first", "second", "other contenders"]
+    width = fig.get_window_extent().width
+    for ax in fig.axes:
+        legend = ax.get_legend().get_window_extent()
+        assert legend.x0 >= 0 and legend.x1 <= width
+
+
+def test_restricting_a_run_to_some_contenders_keeps_their_plot_groups(tmp_path, monkeypatch):
+    from autoscout_optuna import benchmark
+    from autoscout_optuna.benchmark import suites as registry
+
+    suite = dataclasses.replace(
+        toy_suite(n_trials=3, n_seeds=1),
+        plot_groups=[("first", ["random", "tpe"]), ("second", ["tpe"])],
+    )
+    assert [c.name for c in suite.contenders][:2] == ["random", "tpe"]
+    assert benchmark._only(suite, ["random"]).plot_groups == [("first", ["random"])]
+    monkeypatch.setattr(registry, "find", lambda names, *, quick=False: [suite])
+    argv = ["--suite", "toy_suite", "--contender", "random", "--workers", "1",
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert (tmp_path / "toy_suite" / "best_so_far.png").is_file()

@@ -124,7 +124,11 @@ def _only(suite: Suite, names: list[str]) -> Suite:
     """``suite`` restricted to the named contenders (all when none named)."""
     if not names:
         return suite
-    return dataclasses.replace(suite, contenders=[c for c in suite.contenders if c.name in names])
+    groups = [(title, [n for n in members if n in names]) for title, members in suite.plot_groups]
+    return dataclasses.replace(
+        suite, contenders=[c for c in suite.contenders if c.name in names],
+        plot_groups=[(title, members) for title, members in groups if members],
+    )
 
 
 def _studies(suite: Suite, texts: list[str]) -> Suite | None:

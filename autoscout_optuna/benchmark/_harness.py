@@ -94,6 +94,10 @@ class Suite:
         first_seed: The first seed (0 by default). A change is decided on one seed range and
             confirmed on another (``python -m autoscout_optuna.benchmark.paired``): a gain of
             0.02-0.03 on 40 seeds has vanished on the next 80 more than once.
+        plot_groups: ``(title, contender names)`` pairs: the plot draws one row of panels per
+            group (a contender may appear in several), and a last row of any contender no
+            group names; empty: one row of all contenders. Twenty curves in one panel cannot
+            be read.
     """
 
     name: str
@@ -106,6 +110,7 @@ class Suite:
     labels: Sequence[str] | None = field(default=None)
     extra_report: Callable[[Path], Any] | None = field(default=None, compare=False)
     first_seed: int = 0
+    plot_groups: Sequence[tuple[str, Sequence[str]]] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -135,6 +140,7 @@ class Suite:
         names = [c.name for c in self.contenders]
         if len(set(names)) != len(names):
             raise ValueError(f"contenders must have distinct names, got {names}")
+        self._check_plot_groups(names)
         lacking = [d.name for d in self.definitions if d.default_config is None]
         for contender in self.contenders:
             if contender.start_from_default and lacking:
@@ -142,6 +148,27 @@ class Suite:
                     f"contender {contender.name!r} starts from the default config, which "
                     f"studies {lacking} do not define (StudyDefinition.default_config)"
                 )
+
+    def _check_plot_groups(self, names: list[str]) -> None:
+        groups = self.plot_groups
+        if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):
+            raise TypeError(f"plot_groups must be a sequence of (title, contender names) "
+                            f"pairs, got {groups!r}")
+        titles = []
+        for group in groups:
+            if (not isinstance(group, tuple) or len(group) != 2
+                    or not isinstance(group[0], str) or not group[0]
+                    or isinstance(group[1], (str, bytes)) or not isinstance(group[1], Sequence)
+                    or not group[1]):
+                raise TypeError(f"plot_groups: each group must be a (non-empty title, "
+                                f"non-empty sequence of contender names) pair, got {group!r}")
+            unknown = [name for name in group[1] if name not in names]
+            if unknown:
+                raise ValueError(f"plot_groups: group {group[0]!r} names contenders the suite "
+                                 f"does not have: {unknown}; it has {names}")
+            titles.append(group[0])
+        if len(set(titles)) != len(titles):
+            raise ValueError(f"plot_groups must have distinct titles, got {titles}")
 
     def study_labels(self) -> list[str]:
         """One distinct label per definition."""

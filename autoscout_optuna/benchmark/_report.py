@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -171,8 +171,15 @@ def markdown(summary: pd.DataFrame, budgets: Sequence[int], n_trials: int) -> st
     return "\n".join(lines + notes) + "\n"
 
 
-def plot_best_so_far(trials: pd.DataFrame, n_trials: int, path: Path, title: str = "") -> None:
-    """One panel per study: median best/optimum vs trials, interquartile band per contender."""
+def plot_best_so_far(
+    trials: pd.DataFrame, n_trials: int, path: Path, title: str = "",
+    groups: Sequence[tuple[str, Sequence[str]]] = (),
+) -> None:
+    """One panel per study: median best/optimum vs trials, interquartile band per contender.
+
+    With ``groups`` (``(title, contender names)`` pairs), one row of panels per group and a
+    last row of the contenders no group names, each row with its own legend.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,7 +187,52 @@ def plot_best_so_far(trials: pd.DataFrame, n_trials: int, path: Path, title: str
 
     curves = ratio_curves(trials, n_trials)
     studies = list(trials["study"].unique())
-    contenders = list(trials["contender"].unique())
+    rows = _plot_rows(list(trials["contender"].unique()), groups)
+    if len(rows) == 1:
+        fig, rect = _single_row_figure(plt, curves, studies, rows[0][1], n_trials)
+    else:
+        fig, rect = _grouped_figure(plt, curves, studies, rows, n_trials), (0, 0, 1, 1)
+    if title:
+        fig.suptitle(f"{title}: best true value so far / optimum (dotted: 95%, 99%)")
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_rows(
+    contenders: list[str], groups: Sequence[tuple[str, Sequence[str]]]
+) -> list[tuple[str, list[str]]]:
+    """The plot's rows: each group's contenders that ran, then those no group names."""
+    if not groups:
+        return [("", contenders)]
+    rows = [(title, [c for c in members if c in contenders]) for title, members in groups]
+    named = {c for _, members in groups for c in members}
+    rows.append(("other contenders", [c for c in contenders if c not in named]))
+    return [(title, members) for title, members in rows if members] or [("", contenders)]
+
+
+def _grouped_figure(
+    plt: Any, curves: pd.DataFrame, studies: list[str], rows: list[tuple[str, list[str]]],
+    n_trials: int,
+) -> Any:
+    """One row of panels per group, each with its legend beside its last panel (the colours
+    are the row's own)."""
+    fig, axes = plt.subplots(len(rows), len(studies), squeeze=False,
+                             figsize=(5.2 * len(studies) + 4.6, 4.0 * len(rows)))
+    for (row_title, members), row_axes in zip(rows, axes, strict=True):
+        for ax, study in zip(row_axes, studies, strict=True):
+            _draw_panel(ax, curves, study, members, n_trials)
+        row_axes[0].set_ylabel(f"{row_title}\nbest / optimum (median, IQR band)")
+        row_axes[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False,
+                            fontsize=8)
+    return fig
+
+
+def _single_row_figure(
+    plt: Any, curves: pd.DataFrame, studies: list[str], contenders: list[str], n_trials: int
+) -> tuple[Any, tuple[float, float, float, float]]:
+    """Up to three panels a row, one legend for the figure below them; the figure and the
+    rectangle its panels may fill."""
     n_cols = min(len(studies), 3)
     n_rows = math.ceil(len(studies) / n_cols)
     # The legend goes below the panels with as many columns as fit the figure's width (about
@@ -192,49 +244,52 @@ def plot_best_so_far(trials: pd.DataFrame, n_trials: int, path: Path, title: str
     fig, axes = plt.subplots(
         n_rows, n_cols, figsize=(5.2 * n_cols, height), squeeze=False, sharey=False
     )
-    x = np.arange(1, n_trials + 1)
-    colors = plt.get_cmap("tab10")
-    # Ten colours, then the same ones dashed: an eleventh contender must not look like the first.
-    styles = ("-", "--", ":")
     for ax, study in zip(axes.flat, studies, strict=False):
-        lows = []
-        for i, contender in enumerate(contenders):
-            if (study, contender) not in curves.index.droplevel("seed"):
-                continue
-            runs = curves.loc[(study, contender)].to_numpy()
-            q25, median, q75 = np.quantile(runs, [0.25, 0.5, 0.75], axis=0)
-            label = f"{contender} ({len(runs)} seeds)"
-            ax.plot(x, median, color=colors(i % 10), label=label, linewidth=1.8,
-                    linestyle=styles[(i // 10) % len(styles)])
-            ax.fill_between(x, q25, q75, color=colors(i % 10), alpha=0.18, linewidth=0)
-            lows.append(median[min(len(x) - 1, max(n_trials // 5, 1))])
-        for level in (0.95, 0.99):
-            ax.axhline(level, color="grey", linestyle=":", linewidth=0.8)
-        # Early trials sit near 0 (nothing feasible yet); zoom on where contenders differ,
-        # from the lowest median after a fifth of the budget.
-        bottom = max(0.0, math.floor(20 * min(min(lows, default=0.0), 0.9)) / 20 - 0.05)
-        ax.set_ylim(bottom, 1.02)
-        ax.set_xlim(1, n_trials)
-        ax.set_title(study, fontsize=10)
-        ax.set_xlabel("trials")
-        ax.grid(alpha=0.3)
+        _draw_panel(ax, curves, study, contenders, n_trials)
     for ax in axes[:, 0]:
         ax.set_ylabel("best / optimum (median, IQR band)")
     for ax in list(axes.flat)[len(studies):]:
         ax.set_visible(False)
     # One legend for the figure, below the panels: inside a panel it hides the curves.
-    handles, labels = {}, {}
+    handles: dict[str, Any] = {}
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
-            labels.setdefault(label, label)
-    fig.legend(list(handles.values()), list(labels.values()), loc="lower center",
+    fig.legend(list(handles.values()), list(handles), loc="lower center",
                ncol=n_legend_cols, frameon=False)
-    if title:
-        fig.suptitle(f"{title}: best true value so far / optimum (dotted: 95%, 99%)")
-    fig.tight_layout(rect=(0, legend_inches / height, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig, (0, legend_inches / height, 1, 1)
+
+
+def _draw_panel(
+    ax: Any, curves: pd.DataFrame, study: str, contenders: list[str], n_trials: int
+) -> None:
+    """``contenders``' median curves and IQR bands on one study."""
+    from matplotlib import colormaps
+
+    x = np.arange(1, n_trials + 1)
+    colors = colormaps["tab10"]
+    # Ten colours, then the same ones dashed: an eleventh contender must not look like the first.
+    styles = ("-", "--", ":")
+    lows = []
+    for i, contender in enumerate(contenders):
+        if (study, contender) not in curves.index.droplevel("seed"):
+            continue
+        runs = curves.loc[(study, contender)].to_numpy()
+        q25, median, q75 = np.quantile(runs, [0.25, 0.5, 0.75], axis=0)
+        ax.plot(x, median, color=colors(i % 10), label=f"{contender} ({len(runs)} seeds)",
+                linewidth=1.8, linestyle=styles[(i // 10) % len(styles)])
+        ax.fill_between(x, q25, q75, color=colors(i % 10), alpha=0.18, linewidth=0)
+        lows.append(median[min(len(x) - 1, max(n_trials // 5, 1))])
+    for level in (0.95, 0.99):
+        ax.axhline(level, color="grey", linestyle=":", linewidth=0.8)
+    # Early trials sit near 0 (nothing feasible yet); zoom on where contenders differ,
+    # from the lowest median after a fifth of the budget.
+    bottom = max(0.0, math.floor(20 * min(min(lows, default=0.0), 0.9)) / 20 - 0.05)
+    ax.set_ylim(bottom, 1.02)
+    ax.set_xlim(1, n_trials)
+    ax.set_title(study, fontsize=10)
+    ax.set_xlabel("trials")
+    ax.grid(alpha=0.3)
 
 
 def write_report(suite: Suite, trials: pd.DataFrame, directory: Path) -> pd.DataFrame:
@@ -246,7 +301,8 @@ def write_report(suite: Suite, trials: pd.DataFrame, directory: Path) -> pd.Data
     header = f"# {suite.name}\n\n{suite.description}\n\n" if suite.description else ""
     header += f"{suite.n_trials} trials per run, up to {suite.n_seeds} seeds.\n\n"
     (directory / "summary.md").write_text(header + markdown(summary, suite.budgets, suite.n_trials))
-    plot_best_so_far(trials, suite.n_trials, directory / "best_so_far.png", title=suite.name)
+    plot_best_so_far(trials, suite.n_trials, directory / "best_so_far.png", title=suite.name,
+                     groups=suite.plot_groups)
     return summary
 
 

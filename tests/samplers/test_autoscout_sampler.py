@@ -470,6 +470,15 @@ def test_benchmark_suites_compare_ablations_and_measure_overhead():
     assert set(expert) == {f"{n} from the expert config"
                            for n in ("autoscout", "tpe", "gp", "cmaes", "random")}
     assert suites["autoscout-overhead"].n_trials == 5000
+    # the plot's rows name every contender (none left to a catch-all row), and a baseline
+    # sits at the same place in the expert-config row as from scratch (so the same colour)
+    for suite in (main, suites["autoscout-long"]):
+        rows = dict(suite.plot_groups)
+        assert {n for members in rows.values() for n in members} == {
+            c.name for c in suite.contenders}
+        scratch, from_expert = rows["from scratch: AutoScout and Optuna's samplers"], rows[
+            "from the expert config"]
+        assert [n + " from the expert config" for n in scratch[:len(from_expert)]] == from_expert
     # trials to 99 % are censored at 100 trials: the long suite sees past them, against the
     # baselines the issue names except GP (its per-trial cost)
     long = suites["autoscout-long"]

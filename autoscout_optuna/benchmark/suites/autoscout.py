@@ -73,6 +73,25 @@ def from_expert(contenders: list[Contender]) -> list[Contender]:
             for c in contenders]
 
 
+def plot_groups(contenders: list[Contender]) -> list[tuple[str, list[str]]]:
+    """The plot's rows: AutoScout against Optuna's samplers from scratch, the same from the
+    expert config, and AutoScout's ablations and variants (each row with AutoScout first)."""
+    names = [c.name for c in contenders]
+    baseline_names = {c.name for c in baselines.contenders()}
+    expert = [n for n in names if n.endswith(FROM_EXPERT)]
+    ours = [n for n in names if n not in baseline_names and n not in expert]
+    # baselines also run from the expert config first, so that a sampler has the same colour
+    # in both rows
+    twinned = sorted((n for n in names if n in baseline_names),
+                     key=lambda n: n + FROM_EXPERT not in expert)
+    groups = [
+        ("from scratch: AutoScout and Optuna's samplers", [ours[0], *twinned]),
+        ("from the expert config", expert),
+        ("AutoScout's ablations and variants", ours),
+    ]
+    return [(title, members) for title, members in groups if members]
+
+
 def autoscout_contenders() -> list[Contender]:
     """AutoScout and its ablations (one the sub-samplers cannot express is left out)."""
     contenders = []
@@ -170,6 +189,7 @@ def suites(quick: bool = False) -> list[Suite]:
             definitions=definitions,
             labels=labels,
             contenders=contenders + expert_start,
+            plot_groups=plot_groups(contenders + expert_start),
             n_trials=100,
             n_seeds=40,
             budgets=(10, 20, 50, 100),
@@ -198,6 +218,7 @@ def suites(quick: bool = False) -> list[Suite]:
             definitions=definitions,
             labels=labels,
             contenders=long_contenders,
+            plot_groups=plot_groups(long_contenders),
             n_trials=LONG_TRIALS,
             n_seeds=LONG_SEEDS,
             budgets=(20, 50, 100, 200, LONG_TRIALS),
