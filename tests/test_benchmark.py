@@ -391,7 +391,8 @@ def saved_figures(monkeypatch):
 def test_plot_tells_every_contender_apart_and_keeps_the_legend_inside(tmp_path, saved_figures):
     rows = []
     for k in range(12):  # more contenders than the ten colours
-        for row in _hand_built("maximize", [1.0 + k, 2.0 + k], ["COMPLETE"] * 2, seed=0):
+        values = [0.5 + 0.1 * k, 1.0 + 0.1 * k]  # below the optimum (10): no stale warning
+        for row in _hand_built("maximize", values, ["COMPLETE"] * 2, seed=0):
             rows.append({**row, "contender": f"contender number {k} with a long name"})
     _report.plot_best_so_far(pd.DataFrame(rows), 2, tmp_path / "p.png", title="t")
     (fig,) = saved_figures
@@ -408,7 +409,8 @@ def test_plot_draws_a_row_per_group_and_one_for_the_contenders_no_group_names(tm
                                                                              saved_figures):
     rows = []
     for k, name in enumerate("abcd"):
-        for row in _hand_built("maximize", [1.0 + k, 2.0 + k], ["COMPLETE"] * 2, seed=0):
+        values = [0.5 + 0.1 * k, 1.0 + 0.1 * k]  # below the optimum (10): no stale warning
+        for row in _hand_built("maximize", values, ["COMPLETE"] * 2, seed=0):
             rows.append({**row, "contender": name})
     groups = [("first", ["a", "b"]), ("second", ["c", "a"]), ("not run", ["zz"])]
     _report.plot_best_so_far(pd.DataFrame(rows), 2, tmp_path / "p.png", title="t",
@@ -440,3 +442,57 @@ def test_restricting_a_run_to_some_contenders_keeps_their_plot_groups(tmp_path, 
             "--out", str(tmp_path)]
     assert main(argv) == 0
     assert (tmp_path / "toy_suite" / "best_so_far.png").is_file()
+
+
+def test_a_run_beating_the_stored_optimum_is_flagged_not_hidden():
+    rows = _hand_built("maximize", [5.0, 10.5], ["COMPLETE"] * 2, seed=0)  # optimum 10.0
+    with pytest.warns(UserWarning, match="'maximize'.*1.0500x its stored optimum 10.*stale"):
+        summary = _report.summarize(pd.DataFrame(rows), [1, 2], 2)
+    assert summary.loc[0, "best@2_median"] == pytest.approx(1.05)  # kept, not clipped to 1
+    assert summary.loc[0, "optimum_source"] == "definition, beaten by a run (1.0500x)"
+    assert "**beaten by a run** (1.0500x)" in _report.markdown(summary, [1, 2], 2)
+    # reaching it exactly is no warning
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _report.summarize(pd.DataFrame(_hand_built("minimize", [0.2, 0.1], ["COMPLETE"] * 2,
+                                                   seed=0)), [1, 2], 2)
+
+
+def test_rescore_rescores_stored_trials_against_a_raised_optimum(tmp_path, monkeypatch):
+    from autoscout_optuna.benchmark import suites as registry
+
+    suite = toy_suite(n_trials=6, n_seeds=1)
+    monkeypatch.setattr(registry, "find", lambda names, *, quick=False: [suite])
+    assert main(["--suite", "toy_suite", "--workers", "1", "--out", str(tmp_path)]) == 0
+    folder = tmp_path / "toy_suite"
+    before = pd.read_csv(folder / "trials.csv")
+    old_summary = pd.read_csv(folder / "summary.csv")
+    # a better search raised the study's optimum by a quarter
+    raised = dataclasses.replace(toy_definition(), optimum=1.25 * OPTIMUM)
+    reported = []
+    suite = dataclasses.replace(suite, definitions=[raised], rescore_report=reported.append)
+    monkeypatch.setattr(registry, "find", lambda names, *, quick=False: [suite])
+    assert main(["--suite", "toy_suite", "--rescore", "--out", str(tmp_path)]) == 0
+    after = pd.read_csv(folder / "trials.csv")
+    assert (after["optimum"] == 1.25 * OPTIMUM).all()
+    columns = [c for c in before.columns if c != "optimum"]
+    pd.testing.assert_frame_equal(before[columns], after[columns])  # nothing re-run
+    new_summary = pd.read_csv(folder / "summary.csv")
+    assert new_summary["best@5_median"].to_numpy() == pytest.approx(
+        old_summary["best@5_median"].to_numpy() / 1.25)
+    assert reported == [folder]
+    assert "--rescore" in (tmp_path / "README.md").read_text()
+
+
+def test_rescore_refuses_run_options_and_missing_results(tmp_path, monkeypatch, capsys):
+    from autoscout_optuna.benchmark import suites as registry
+
+    monkeypatch.setattr(registry, "find", lambda names, *, quick=False: [toy_suite()])
+    argv = ["--suite", "toy_suite", "--rescore", "--out", str(tmp_path)]
+    assert main(argv + ["--seeds", "3", "--contender", "tpe"]) == 2
+    assert "takes no --seeds, --contender" in capsys.readouterr().err
+    assert main(argv) == 2
+    assert "missing: " + str(tmp_path / "toy_suite" / "trials.csv") in capsys.readouterr().err
+    assert not (tmp_path / "toy_suite").exists() and not (tmp_path / "README.md").exists()

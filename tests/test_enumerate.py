@@ -209,3 +209,25 @@ def test_the_landscape_command_prints_the_counts_for_a_bundled_study(capsys):
     assert feasible > 0 and 1 <= result["local_maxima"] <= feasible
     assert result["top_local_maxima"][0] == pytest.approx(result["best_untuned"], abs=1e-4)
     assert 0.0 < result["best_basin"] <= 1.0
+
+
+def test_find_optimum_moves_knobs_together_where_one_at_a_time_cannot():
+    # feasible only along a narrow diagonal (x and y must move together, as vLLM's sequences,
+    # batched tokens and memory fraction do) and up to x + y = 1.7: from the grid's best
+    # point (0.75, 0.75) no single knob can move, both together can
+    def suggest(trial):
+        return {"x": trial.suggest_float("x", 0.0, 1.0), "y": trial.suggest_float("y", 0.0, 1.0)}
+
+    def measure(config, rng=None):
+        x, y = config["x"], config["y"]
+        if abs(x - y) >= 0.01 or x + y > 1.7:
+            raise Infeasible("oom")
+        return x + y
+
+    definition = StudyDefinition(name="ridge", direction="maximize", metric="x",
+                                 suggest=suggest, measure=measure)
+    one_at_a_time, _ = find_optimum(definition, polish_evals=0)
+    assert one_at_a_time == pytest.approx(1.5)
+    value, config = find_optimum(definition)
+    assert 1.65 < value <= 1.7 and value == pytest.approx(config["x"] + config["y"])
+    assert find_optimum(definition) == (value, config)  # seeded: the stored optimum is stable

@@ -94,6 +94,9 @@ class Suite:
         first_seed: The first seed (0 by default). A change is decided on one seed range and
             confirmed on another (``python -m autoscout_optuna.benchmark.paired``): a gain of
             0.02-0.03 on 40 seeds has vanished on the next 80 more than once.
+        rescore_report: Rewrites the suite-specific reports that derive from ``trials.csv``
+            alone (``--rescore`` calls it after re-scoring); None: ``--rescore`` rewrites the
+            summary and plot only. ``extra_report`` may also measure things; this one must not.
         plot_groups: ``(title, contender names)`` pairs: the plot draws one row of panels per
             group (a contender may appear in several), and a last row of any contender no
             group names; empty: one row of all contenders. Twenty curves in one panel cannot
@@ -111,6 +114,7 @@ class Suite:
     extra_report: Callable[[Path], Any] | None = field(default=None, compare=False)
     first_seed: int = 0
     plot_groups: Sequence[tuple[str, Sequence[str]]] = ()
+    rescore_report: Callable[[Path], Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -135,8 +139,8 @@ class Suite:
             raise ValueError(f"budgets must be trial counts >= 1, got {list(self.budgets)}")
         if self.labels is not None and len(self.labels) != len(self.definitions):
             raise ValueError("labels must have one entry per definition")
-        if self.extra_report is not None and not callable(self.extra_report):
-            raise TypeError(f"extra_report must be callable or None, got {self.extra_report!r}")
+        _validate.optional_callables(extra_report=self.extra_report,
+                                     rescore_report=self.rescore_report)
         names = [c.name for c in self.contenders]
         if len(set(names)) != len(names):
             raise ValueError(f"contenders must have distinct names, got {names}")

@@ -8,6 +8,7 @@ such as tokens/s or seconds). A seed with no COMPLETE trial yet scores 0.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 GROUP = ["study", "contender"]
 RUN = ["study", "contender", "seed"]
 FAILS_IGNORED_AT_START = 20  # "FAIL after 20": failures once a sampler has had time to learn
+# A run "beats" a stored optimum by more than trials.csv's rounding (6 significant digits)
+BEATEN_TOLERANCE = 1e-5
 
 
 def with_optimum(trials: pd.DataFrame) -> pd.DataFrame:
@@ -47,10 +50,30 @@ def with_optimum(trials: pd.DataFrame) -> pd.DataFrame:
     best = frame["best_true_so_far"].astype(float)
     ratio = np.where(maximize, best / frame["optimum_used"], frame["optimum_used"] / best)
     frame["best_ratio"] = np.nan_to_num(ratio.astype(float), nan=0.0, posinf=0.0, neginf=0.0)
+    _flag_beaten_optima(frame)
     # Trials in order within each run; runs in order of appearance (the suite's order).
     run_order = frame.groupby(RUN, sort=False).ngroup()
     frame = frame.assign(_run=run_order).sort_values(["_run", "trial"], kind="stable")
     return frame.drop(columns="_run")
+
+
+def _flag_beaten_optima(frame: pd.DataFrame) -> None:
+    """Warn, and say so in ``optimum_source``, where a run beat a study's stored optimum.
+
+    The stored optimum comes from a search over the space (``_enumerate.find_optimum``); a run
+    that beats it proves that search missed something, and every ratio on that study is then
+    too generous. The ratios are kept as they are (above 1 where beaten), not clipped.
+    """
+    stored = frame["optimum_source"] == "definition"
+    for study, rows in frame[stored].groupby("study", sort=False):
+        top = float(rows["best_ratio"].max())
+        if top > 1.0 + BEATEN_TOLERANCE:
+            frame.loc[rows.index, "optimum_source"] = f"definition, beaten by a run ({top:.4f}x)"
+            warnings.warn(
+                f"study {study!r}: a run reached {top:.4f}x its stored optimum "
+                f"{rows['optimum_used'].iloc[0]:g}; the optimum is stale and every ratio on "
+                f"this study too generous: re-enumerate it (python -m "
+                f"autoscout_optuna._enumerate <study> [options] --store)", stacklevel=3)
 
 
 def ratio_curves(trials: pd.DataFrame, n_trials: int) -> pd.DataFrame:
@@ -163,6 +186,10 @@ def markdown(summary: pd.DataFrame, budgets: Sequence[int], n_trials: int) -> st
         optimum = rows["optimum"].iloc[0]
         if source == "definition":
             notes.append(f"- `{study}`: optimum {optimum:.6g} (from the study definition).")
+        elif source.startswith("definition"):
+            notes.append(f"- `{study}`: optimum {optimum:.6g} from the study definition, "
+                         f"**beaten by a run** ({source.split('(')[-1].rstrip(')')}): stale, "
+                         f"ratios on this study are too generous; re-enumerate it.")
         else:
             notes.append(
                 f"- `{study}`: optimum unknown; ratios are relative to the best value seen across "

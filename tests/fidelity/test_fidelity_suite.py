@@ -49,7 +49,7 @@ def test_biased_simulator_is_a_fixed_factor_per_structure(serving):
 
 
 def test_suites_compare_the_same_sampler_with_and_without_simulators():
-    (suite,) = fidelity.suites(quick=True)
+    suite, _ = fidelity.suites(quick=True)
     names = [c.name for c in suite.contenders]
     assert names[0] == fidelity.SAMPLER
     assert all(name.startswith((fidelity.SAMPLER + "+sim", fidelity.SAMPLER + "+oracle"))
@@ -58,6 +58,23 @@ def test_suites_compare_the_same_sampler_with_and_without_simulators():
     oracles = [c for c in suite.contenders if "+oracle" in c.name]
     assert len(oracles) == len(fidelity.ORACLE_TOLERANCES)
     assert all(isinstance(c.make_pruner(0), OraclePruner) for c in oracles)
+
+
+def test_long_suite_is_the_headline_pair_past_the_short_suites_censoring():
+    short, long = fidelity.suites()
+    assert long.name == "fidelity-long" and long.n_seeds == short.n_seeds
+    assert [c.name for c in long.contenders] == [fidelity.SAMPLER,
+                                                  f"{fidelity.SAMPLER}+sim noise 20%"]
+    assert long.n_trials > short.n_trials and max(long.budgets) == long.n_trials
+    assert fidelity.LONG_REAL_RUN_BUDGET > fidelity.REAL_RUN_BUDGET
+    # each contender is the short suite's, with the larger real-run budget
+    assert [c.make_objective.args[-1] for c in long.contenders] == [
+        fidelity.LONG_REAL_RUN_BUDGET] * 2
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    objective = fidelity.long_contenders(budget=2)[0].make_objective(
+        studies.load("llm_serving"), 0)
+    study.optimize(objective, n_trials=50, catch=(Infeasible,))
+    assert len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 2
 
 
 def test_run_stats_counts_only_real_runs():
@@ -75,6 +92,18 @@ def test_run_stats_counts_only_real_runs():
     stats = _fidelity_report.run_stats(pd.DataFrame(rows))
     assert stats.loc[0, "real_runs_to_99"] == 2 and stats.loc[0, "reached_99"]
     assert stats.loc[0, "real_runs_total"] == 2
+
+
+def test_real_runs_table_without_the_sampler_alone_has_no_ratio_column_to_fill():
+    rows = [dict(
+        suite="fidelity", study="s", definition="s", direction="maximize", optimum=100.0,
+        contender="c+sim", seed=0, trial=0, state="COMPLETE", value=99.5, true_value=99.5,
+        best_true_so_far=99.5, is_real_run=True, is_low_fidelity=False, failure_reason="",
+        sampler_ms=0.0,
+    )]
+    (header, _, line) = _fidelity_report.real_runs_table(
+        _fidelity_report.run_stats(pd.DataFrame(rows)), baseline="c")
+    assert line.split(" | ")[:5] == ["| s", "c+sim", "1/1", "1", "-"]
 
 
 def _oracle_states(values, direction, tolerance):

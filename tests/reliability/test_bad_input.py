@@ -185,6 +185,7 @@ BAD_ARGUMENTS = {
         "first_seed": [-1, 2.5, "a"],
         "budgets": [[], [0], ["10"], 5],
         "extra_report": ["real_runs.md"],
+        "rescore_report": ["paired.md"],
         "plot_groups": ["random", [("t", "random")], [("t",)], [("", ["random"])],
                         [("t", [])], [("t", ["tpe"])], [("t", ["random"]), ("t", ["random"])]],
     },

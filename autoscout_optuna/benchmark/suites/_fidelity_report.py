@@ -89,8 +89,9 @@ def real_runs_table(stats: pd.DataFrame, baseline: str) -> list[str]:
                 median = medians[(contender, level)]
                 reached = runs[f"reached_{level}"]
                 cells += [f"{int(reached.sum())}/{len(runs)}", _bound(median)]
-                cells.append("-" if contender == baseline
-                             else ratio_text(medians[(baseline, level)], median))
+                alone = medians.get((baseline, level))  # None: a run without the baseline
+                cells.append("-" if contender == baseline or alone is None
+                             else ratio_text(alone, median))
                 if level == 99:
                     hits = runs.loc[reached, "real_runs_to_99"]
                     cells.append(f"{hits.median():g}" if len(hits) else "never")

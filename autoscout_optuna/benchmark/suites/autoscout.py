@@ -212,6 +212,7 @@ def suites(quick: bool = False) -> list[Suite]:
                 f"reference value; GP runs {baselines.GP_SEEDS} seeds (its per-trial cost)."
             ),
             extra_report=write_paired_report,
+            rescore_report=write_paired_report,
         ),
         Suite(
             name="autoscout-long",

@@ -58,6 +58,13 @@ ORACLE_TOLERANCES = (0.0, 0.03)
 # real runs measured), so more real runs would only lengthen the suite.
 REAL_RUN_BUDGET = 200
 MAX_TRIALS = 400  # simulated trials are cheap, not free: 30-160 ms each (sampler + ensemble)
+# ``fidelity-long``: the issue's headline pair (the sampler alone against it at 20 % noise)
+# without the censoring that 200 real runs and 400 trials impose on both: at 20 % noise a run
+# spent 60-160 real runs when it hit 400 trials, and the sampler alone's median seed never
+# reached 99 % within 200, so the committed ratio could only be a bound
+LONG_REAL_RUN_BUDGET = 500
+LONG_MAX_TRIALS = 1200
+LONG_NOISE = 0.2
 # 8 seeds could not tell: one seed moves a share by 12 points, a re-seeding moved counts by 2
 N_SEEDS = 16
 BIAS_PER_VALUE = 0.25  # largest log-factor one structural knob value adds to the biased simulator
@@ -184,6 +191,12 @@ def contenders(
     ] + oracles
 
 
+def long_contenders(budget: int = LONG_REAL_RUN_BUDGET) -> list[Contender]:
+    """The sampler alone and with the 20 % noise simulator, ``budget`` real runs each."""
+    name = f"{SAMPLER}+sim noise {round(100 * LONG_NOISE)}%"
+    return [c for c in contenders(budget=budget) if c.name in (SAMPLER, name)]
+
+
 def _make_oracle(tolerance: float, seed: int) -> optuna.pruners.BasePruner:
     return OraclePruner(tolerance=tolerance)
 
@@ -198,21 +211,37 @@ def suites(quick: bool = False) -> list[Suite]:
     definitions = [studies.load("llm_training"), studies.load("llm_serving")]
     if quick:
         return [Suite(
-            name="fidelity", definitions=definitions, labels=LABELS,
-            contenders=contenders(budget=15), n_trials=20, n_seeds=1, budgets=(10, 20),
+            name=name, definitions=definitions, labels=LABELS,
+            contenders=make(budget=15), n_trials=20, n_seeds=1, budgets=(10, 20),
             description="Smoke-test run (--quick).",
-        )]
-    return [Suite(
-        name="fidelity",
-        definitions=definitions,
-        labels=LABELS,
-        contenders=contenders(),
-        n_trials=MAX_TRIALS,
-        n_seeds=N_SEEDS,
-        budgets=(50, 100, 250, MAX_TRIALS),
-        description=" ".join((__doc__ or "").split("\n\n")[1].split()),
-        extra_report=write_extra_report,
-    )]
+        ) for name, make in (("fidelity", contenders), ("fidelity-long", long_contenders))]
+    # rescored from trials.csv alone: not the ensemble's throughput, which is a measurement
+    shared = dict(definitions=definitions, labels=LABELS, n_seeds=N_SEEDS,
+                  rescore_report=write_real_runs_report)
+    return [
+        Suite(
+            name="fidelity", contenders=contenders(), n_trials=MAX_TRIALS,
+            budgets=(50, 100, 250, MAX_TRIALS),
+            description=" ".join((__doc__ or "").split("\n\n")[1].split()),
+            extra_report=write_extra_report, **shared,
+        ),
+        Suite(
+            name="fidelity-long", contenders=long_contenders(), n_trials=LONG_MAX_TRIALS,
+            budgets=(100, 400, 800, LONG_MAX_TRIALS),
+            description=(
+                f"The sampler alone and with the {round(100 * LONG_NOISE)} % noise simulator, as "
+                f"in `fidelity`, with {LONG_REAL_RUN_BUDGET} real runs and {LONG_MAX_TRIALS} "
+                f"trials instead of {REAL_RUN_BUDGET} and {MAX_TRIALS}: real runs to 99 % of the "
+                "optimum where the shorter suite censors them."
+            ),
+            extra_report=write_real_runs_report, **shared,
+        ),
+    ]
+
+
+def write_real_runs_report(directory: Path) -> None:
+    """``real_runs.md``, ``real_runs_per_seed.csv`` and ``real_runs_vs_noise.png``."""
+    print(write_fidelity_report(directory, baseline=SAMPLER))
 
 
 def write_extra_report(directory: Path) -> None:
@@ -220,7 +249,7 @@ def write_extra_report(directory: Path) -> None:
     scoring throughput, next to the suite's summary."""
     import json
 
-    print(write_fidelity_report(directory, baseline=SAMPLER))
+    write_real_runs_report(directory)
     throughput = {name: ensemble_throughput(name) for name in LABELS}
     (directory / "ensemble_throughput.json").write_text(json.dumps(throughput, indent=2) + "\n")
     print(json.dumps(throughput, indent=2))
