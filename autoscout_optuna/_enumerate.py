@@ -213,6 +213,8 @@ def _refine(
 # differential evolution on that structure's four dense knobs (3 x ~3,000 evaluations) found
 # nothing better. Training's optima moved by less than 1e-5.
 POLISH_EVALS = 3000
+# The joint search's first step (unit cube), its widest, and the narrowest before a restart
+_POLISH_STEPS = (0.1, 0.5, 1e-3)
 
 
 def _polish(
@@ -230,7 +232,8 @@ def _polish(
     if not dense:
         return score, params
     position = np.array([to_unit(dist, params[name]) for name, dist in dense])
-    step = START_STEP = 0.1
+    first, widest, narrowest = _POLISH_STEPS
+    step = first
     for _ in range(n_evals):
         moved = np.clip(position + step * rng.standard_normal(len(dense)), 0.0, 1.0)
         candidate = dict(params, **{name: from_unit(dist, float(u))
@@ -239,11 +242,11 @@ def _polish(
         candidate_score = _score(definition, replayed[0]) if replayed is not None else None
         if candidate_score is not None and candidate_score > score * (1 + 1e-12):
             score, params, position = candidate_score, candidate, moved
-            step = min(0.5, step * 1.5)
+            step = min(widest, step * 1.5)
         else:
             step *= 0.95
-            if step < 1e-3:
-                step = START_STEP
+            if step < narrowest:
+                step = first
     return score, params
 
 

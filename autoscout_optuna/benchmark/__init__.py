@@ -187,13 +187,13 @@ def _rescore_all(chosen: list[Suite], args: argparse.Namespace, command: str) ->
         print(f"--rescore needs stored results; missing: {', '.join(missing)}", file=sys.stderr)
         return 2
     for suite in chosen:
-        rescore(suite, args.out / suite.name)
+        _rescore(suite, args.out / suite.name)
         _log_command(args.out, suite.name, command.strip())
         print((args.out / suite.name / "summary.md").read_text(), flush=True)
     return 0
 
 
-def rescore(suite: Suite, directory: Path) -> None:
+def _rescore(suite: Suite, directory: Path) -> None:
     """Set the ``optimum`` column of ``directory/trials.csv`` to each study's current optimum
     and rewrite the reports derived from it (``Suite.rescore_report`` too).
 

@@ -22,6 +22,9 @@ so a run stops at its real-run budget or at ``n_trials`` trials, whichever comes
 ``real_runs.md`` (censored seeds made explicit), ``real_runs_per_seed.csv`` and
 ``real_runs_vs_noise.png`` from a finished run's ``trials.csv``, and
 ``ensemble_throughput.json`` (candidates per second the ensemble scores).
+
+``fidelity-long`` runs only the sampler alone and the 20 % noise simulator, with 500 real runs
+and 1,200 trials, where ``fidelity``'s budgets censor both medians of real runs to 99 %.
 """
 
 from __future__ import annotations
