@@ -53,7 +53,7 @@ class FidelityDecision:
 
     Attributes:
         fidelity: ``"simulator"`` (trust the estimate, prune) or ``"real"`` (run it).
-        reason: ``"no_estimate"``, ``"warm_up"``, ``"simulator_error_high"``,
+        reason: ``"no_estimate"``, ``"default_config"``, ``"warm_up"``, ``"simulator_error_high"``,
             ``"periodic_validation"``, ``"could_beat_best"``, ``"top_fraction"``,
             ``"measured_structure"`` or ``"not_promising"``.
         error: The simulator's recent error when the decision was taken.
@@ -83,6 +83,7 @@ def decide(
     pair_selected: Sequence[bool] | None = None,
     measured_structure: bool = False,
     structure_pairs: tuple[Sequence[float], Sequence[float]] = ((), ()),
+    baseline: bool = False,
 ) -> FidelityDecision:
     """Decide the fidelity of one trial (all values raw, as the objective reported them).
 
@@ -108,6 +109,9 @@ def decide(
             structure's own pairs too (see :func:`_grade_within`).
         structure_pairs: ``(estimates, reals)`` of the real runs of the trial's structure
             that have an estimate, oldest first.
+        baseline: The trial runs the study's default config, the baseline every gain is
+            measured against (``autoscout run`` queues it as trial 0): always real, whatever
+            the estimate says.
     """
     error = measure_error(
         pair_estimates, pair_reals, window=settings.window, rank_tolerance=settings.rank_tolerance
@@ -124,6 +128,8 @@ def decide(
     pool = sign * np.asarray(pool_estimates, dtype=float)
     pool = pool[np.isfinite(pool)]
     rank = _rank(pool, sign * estimate)
+    if baseline:
+        return FidelityDecision(REAL, "default_config", error, rank, trust_error)
     n_real = len(pair_reals)
     if n_real < settings.n_warmup_real or error.n_pairs < settings.min_pairs:
         # Until the simulator has been checked against enough real runs, nothing says it can

@@ -36,6 +36,8 @@ class FidelityPruner(BasePruner):
     (``autoscout_optuna.fidelity.multi_fidelity_objective`` writes that for you). The pruner
     lets the real run through when
 
+    * the trial runs the default config ``autoscout run`` queued as trial 0 (user attr
+      ``autoscout:default_config``): the baseline the gain is measured against,
     * fewer than ``n_warmup_real`` real runs with an estimate (and ``min_pairs``) exist,
     * the simulator's error is above threshold on the last ``window`` trials with both
       fidelities or on the last ``trust_window`` of them (every trial runs for real until the
@@ -284,6 +286,7 @@ class FidelityPruner(BasePruner):
             # the rule would prune nothing, so it applies where structure exists
             measured_structure=bool(own) and own in measured,
             structure_pairs=(own_estimates, own_reals),
+            baseline=bool(trial.user_attrs.get(_keys.DEFAULT_CONFIG)),
         )
 
     def _record(self, study: optuna.Study, trial: FrozenTrial, decision: FidelityDecision) -> None:

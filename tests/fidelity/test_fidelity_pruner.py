@@ -109,6 +109,23 @@ def test_good_simulator_saves_real_runs_and_keeps_the_best():
     assert best_any.state == TrialState.COMPLETE
 
 
+def test_the_default_config_autoscout_run_queues_always_runs_for_real():
+    # The simulator is trusted by now, and a poor config is pruned on its estimate; the same
+    # config queued as the study's default (the baseline of the gain line) runs for real.
+    from autoscout_optuna._keys import DEFAULT_CONFIG
+
+    study = _run("minimize", 60, pruner=FidelityPruner(validation_period=None))
+    poor = {"x": 3.0, "y": 3.0}
+    study.enqueue_trial(poor)
+    study.enqueue_trial(poor, user_attrs={DEFAULT_CONFIG: True})
+    study.optimize(_phased_objective(1.0, 10**9, 10**9), n_trials=2)
+    unmarked, default = study.get_trials()[-2:]
+    assert unmarked.state == TrialState.PRUNED and unmarked.user_attrs[REASON] == "not_promising"
+    assert default.state == TrialState.COMPLETE
+    assert default.user_attrs[REASON] == "default_config"
+    assert default.value == pytest.approx(_loss(poor))
+
+
 def test_minimize_and_maximize_decide_alike():
     low = _run("minimize", 80, bad=(30, 60), seed=3).get_trials()
     high = _run("maximize", 80, bad=(30, 60), seed=3).get_trials()
