@@ -173,7 +173,7 @@ def test_stored_structural_optimum_is_what_enumeration_finds():
 
 @pytest.mark.slow
 def test_stored_optimum_is_what_enumeration_finds():
-    """The full space (dense knobs on a 5-point grid, then refined): ~15 s of one core."""
+    """The full space (dense knobs on a 5-point grid, then refined): ~30 s of one core."""
     definition = studies.load("llm_training")
     value, config = find_optimum(definition)
     assert value == pytest.approx(definition.optimum, rel=1e-9)
