@@ -197,3 +197,30 @@ def test_a_numeric_trend_carries_failure_to_an_unseen_heavier_value():
     trended, _ = _logistic(codes, offsets, y, trends)
     assert plain[3] == 0.0
     assert trended[3] > trended[2] > trended[1] > trended[0]
+
+
+def test_a_structure_that_fails_with_the_trials_dense_values_is_redrawn(monkeypatch):
+    # Column 0 is a switch (chunked prefill, say), column 1 a harmless choice. With the old
+    # dense values (rows 0-2) "off" ran; with the values this trial gets (rows 3-7) every
+    # "off" failed on a rule. Fitted on all rows the model forgives "off"; the trial runs
+    # with the new values, so the rows with those values must be heard too.
+    codes = np.array([[0, 0], [1, 0], [1, 1], [0, 0], [0, 1], [1, 0], [1, 1], [0, 2]])
+    kinds = ["real"] * 5 + ["failed"] * 2 + ["real"]
+    table = types.SimpleNamespace(
+        values=[["on", "off"], ["a", "b", "c"]], kinds=kinds, codes=codes,
+        positions=np.tile([0, 1], (8, 1)), broke_rule=np.array([False] * 5 + [True] * 2 + [False]),
+        memory=np.full(8, np.nan),
+    )
+    evidence = plan_module.Evidence(table, np.array([0.5] * 5 + [-0.05] * 2 + [0.5]), np.ones(8))
+    off_c = [Step(0, 1, 0.5, 0.5, 1.0), Step(1, 2, 0.5, 0.5, 0.0)]
+    on_b = [Step(0, 0, 0.4, 0.4, 2.0), Step(1, 1, 0.4, 0.4, 1.0)]
+    with_new_values = np.array([False] * 3 + [True] * 5)
+    for repeatable, runs in ((None, off_c), (with_new_values, on_b)):
+        draws = iter([off_c, on_b])
+        monkeypatch.setattr(plan_module, "plan_path", lambda *a, d=draws, **k: next(d))
+        steps, record = plan_module._feasible_path(
+            evidence, [0, 1], {}, np.random.default_rng(0), TreePolicy(), PlanSettings(),
+            repeatable,
+        )
+        assert steps == runs, record
+    assert record["rejected"][0][0] > record["rejected"][0][1]  # "off" over its bar

@@ -134,13 +134,36 @@ def test_a_revision_does_not_complete_a_failed_prefix_while_another_child_is_lef
             policy, failed=failed,
         )
         assert [s.code for s in steps] == [2, 1]
-    # With no other child left, the failed prefix is still completed rather than nothing.
+    # With every other path taken, neither the revisions nor the search for an unseen path
+    # complete the failed prefix (every completion fails as it did): the plan stays a full
+    # path that repeats a known configuration, a wasted trial rather than a failed one.
     crowded = np.vstack([codes, [[2, 1]]])
-    steps = plan_path(
-        crowded, [3, 2], np.append(rewards, 0.1), np.ones(9), [0, 1], {},
-        np.random.default_rng(0), policy, failed=np.append(failed, False),
+    for backtracks in (8, 0):  # 0: straight to the search for an unseen path
+        steps = plan_path(
+            crowded, [3, 2], np.append(rewards, 0.1), np.ones(9), [0, 1], {},
+            np.random.default_rng(0),
+            TreePolicy(exploration=1.0, rave_equivalence=0.0, rave_visit_share=0.0,
+                       max_backtracks=backtracks),
+            failed=np.append(failed, False),
+        )
+        assert len(steps) == 2 and steps[0].code != 1
+
+
+def test_a_revision_moves_up_a_level_rather_than_take_the_last_child_if_it_failed():
+    # Both completions of (0, 0) were taken; (0, 1) failed as soon as it was chosen. At
+    # level 1 under 0 the only untried child is that failure: the revision moves up to
+    # level 0 instead, where value 1 has unseen paths.
+    codes, rewards = _table(
+        [[0, 0, 0], [0, 0, 1], [0, 1, ABSENT], [1, 0, 0]], [1.0, 0.9, -0.05, 0.2]
     )
-    assert steps[0].code == 1
+    failed = np.array([False, False, True, False])
+    for seed in range(5):
+        steps = plan_path(
+            codes, [2, 2, 2], rewards, np.ones(4), [0, 1, 2], {},
+            np.random.default_rng(seed), GREEDY, failed=failed,
+        )
+        path = [s.code for s in steps]
+        assert path[:2] != [0, 1] and path not in [[0, 0, 0], [0, 0, 1], [1, 0, 0]], path
 
 
 def test_plan_with_everything_evaluated_still_returns_a_full_path():

@@ -110,17 +110,18 @@ def plan_path(
         scores = _scores_at(codes, n_values, rewards, weights, head, column, policy, stats)
         tried = np.zeros(n_values[column], dtype=bool)
         tried[steps[level].code] = True
-        # The same rule as the descent's: a child that completes a failed prefix waits until
-        # no other untried child is left (else a revision proposes a known failure again).
+        # A child that completes a failed prefix is never a revision: once the other children
+        # are tried, the revision moves a level up (taking it would propose a known failure
+        # again, as serving's explore arm did past 300 trials). ``allowed`` is None where every
+        # child completes one: the descent's rule, a prefix never closes the only route left.
         alive = _DeadEnds(failed_codes, {s.column: s.code for s in head}).allowed(
             column, n_values[column]
         )
+        if alive is not None:
+            tried |= ~alive
         while budget > 0 and not tried.all():
             budget -= 1
-            allowed = ~tried
-            if alive is not None and (allowed & alive).any():
-                allowed &= alive
-            alt = pick(scores.score, rng, allowed=allowed)
+            alt = pick(scores.score, rng, allowed=~tried)
             tried[alt] = True
             first = Step(
                 column, alt, float(scores.score[alt]), float(scores.value[alt]),
@@ -314,10 +315,13 @@ def _first_unseen_path(
         scores = _child_scores(
             codes, n_values, rewards, weights, node, column, policy, stats, decided
         )
+        # Children that complete a failed prefix are left out, not ranked last: every path
+        # below one is unseen (it failed before asking the rest), so entering one proposes
+        # the failure again with other deeper values.
         allowed = _DeadEnds(failed_codes, decided).allowed(column, n_values[column])
         ranking = sorted(
-            range(n_values[column]),
-            key=lambda c: (allowed is not None and not allowed[c], -scores.score[c], c),
+            (c for c in range(n_values[column]) if allowed is None or allowed[c]),
+            key=lambda c: (-scores.score[c], c),
         )
         for code in ranking:
             below = unseen.child(reached, column, code)

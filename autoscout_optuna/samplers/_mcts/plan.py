@@ -189,17 +189,34 @@ def _feasible_path(
     joins the table as a virtual failed row, so the next descent both scores its branch lower
     and, by the dead-end rule, does not complete it again. After ``max_redraws`` rejections
     the least likely to fail of the paths drawn is taken (every recorded rejection was above
-    its own bar).
+    its own bar). Where the trial's dense values are known (``repeatable``: the rows run with
+    them), P(FAIL) is the higher of the model fitted on every row and the one fitted on those.
     """
     table = evidence.table
     n_values = [len(v) for v in table.values]
     kinds = np.array(table.kinds, dtype=object)
     failed = kinds == FAILED
+    feasible = (kinds == REAL) | (kinds == ESTIMATE)
+    numeric = [numeric_values(values) for values in table.values]
+    memory = table.memory if settings.memory_model else None
     model = fit_feasibility(
-        table.codes, n_values, failed, (kinds == REAL) | (kinds == ESTIMATE),
-        numeric=[numeric_values(values) for values in table.values], positions=table.positions,
-        broke_rule=table.broke_rule, memory=table.memory if settings.memory_model else None,
+        table.codes, n_values, failed, feasible, numeric=numeric, positions=table.positions,
+        broke_rule=table.broke_rule, memory=memory,
     )
+    same_model = None
+    if repeatable is not None and (feasible & repeatable).any() and (failed & repeatable).any():
+        # The trial runs with these dense values: a structure that fails with them fails
+        # whatever other values once made it run. Fitted on all rows, the model sees those
+        # successes and forgives it (serving past 300 trials: every structure without chunked
+        # prefill fails with the incumbent's max_num_batched_tokens, and the explore arm
+        # proposed one in every other trial); fitted on the rows with these values, it does
+        # not. It can only raise P(FAIL): the higher of the two counts.
+        same_model = fit_feasibility(
+            table.codes[repeatable], n_values, failed[repeatable], feasible[repeatable],
+            numeric=numeric, positions=table.positions[repeatable],
+            broke_rule=table.broke_rule[repeatable],
+            memory=None if memory is None else memory[repeatable],
+        )
     codes, rewards, weights = table.codes, evidence.rewards, evidence.weights
     partial = failed | (kinds == PENDING)
     drawn: list[tuple[float, float, list[Any], np.ndarray]] = []  # ..., the path as a row
@@ -212,6 +229,8 @@ def _feasible_path(
         for step in steps:
             row[step.column] = step.code
         p_fail, bar = float(model.p_fail(row)[0]), fail_bar(steps, settings)
+        if same_model is not None:
+            p_fail = max(p_fail, float(same_model.p_fail(row)[0]))
         drawn.append((p_fail, bar, steps, row))
         if p_fail <= bar:
             # accepted: an earlier, rejected path may be less likely to fail, but it is also
