@@ -112,7 +112,7 @@ def plan_path(
         tried[steps[level].code] = True
         # A child that completes a failed prefix is never a revision: once the other children
         # are tried, the revision moves a level up (taking it would propose a known failure
-        # again, as serving's explore arm did past 300 trials). ``allowed`` is None where every
+        # again, as serving's explore arm did past 300 trials). ``alive`` is None where every
         # child completes one: the descent's rule, a prefix never closes the only route left.
         alive = _DeadEnds(failed_codes, {s.column: s.code for s in head}).allowed(
             column, n_values[column]
