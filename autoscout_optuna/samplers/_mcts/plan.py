@@ -198,11 +198,15 @@ def _feasible_path(
     failed = kinds == FAILED
     feasible = (kinds == REAL) | (kinds == ESTIMATE)
     numeric = [numeric_values(values) for values in table.values]
-    memory = table.memory if settings.memory_model else None
-    model = fit_feasibility(
-        table.codes, n_values, failed, feasible, numeric=numeric, positions=table.positions,
-        broke_rule=table.broke_rule, memory=memory,
-    )
+
+    def fit(rows: Any) -> Any:
+        return fit_feasibility(
+            table.codes[rows], n_values, failed[rows], feasible[rows], numeric=numeric,
+            positions=table.positions[rows], broke_rule=table.broke_rule[rows],
+            memory=table.memory[rows] if settings.memory_model else None,
+        )
+
+    model = fit(slice(None))
     same_model = None
     if repeatable is not None and (feasible & repeatable).any() and (failed & repeatable).any():
         # The trial runs with these dense values: a structure that fails with them fails
@@ -211,12 +215,7 @@ def _feasible_path(
         # prefill fails with the incumbent's max_num_batched_tokens, and the explore arm
         # proposed one in every other trial); fitted on the rows with these values, it does
         # not. It can only raise P(FAIL): the higher of the two counts.
-        same_model = fit_feasibility(
-            table.codes[repeatable], n_values, failed[repeatable], feasible[repeatable],
-            numeric=numeric, positions=table.positions[repeatable],
-            broke_rule=table.broke_rule[repeatable],
-            memory=None if memory is None else memory[repeatable],
-        )
+        same_model = fit(repeatable)
     codes, rewards, weights = table.codes, evidence.rewards, evidence.weights
     partial = failed | (kinds == PENDING)
     drawn: list[tuple[float, float, list[Any], np.ndarray]] = []  # ..., the path as a row
