@@ -201,6 +201,71 @@ def test_model_arm_runs_the_structure_it_proposed_with_the_incumbents_dense_valu
                    for t in study.trials[: trial.number])
 
 
+
+def memory_objective(trial):
+    # memory grows with the batch and shrinks with the shards: a batch over the shards is out
+    # of memory, so every structure heavier than a known failure fails too
+    shards = trial.suggest_categorical("shards", [1, 2, 4, 8])
+    batch = trial.suggest_categorical("batch", [1, 2, 4, 8, 16])
+    fused = trial.suggest_categorical("fused", [True, False])
+    x = trial.suggest_float("x", -5.0, 5.0)
+    if batch > shards:
+        raise Infeasible("oom", "batch over shards")
+    return batch / shards + 0.1 * batch + 0.05 * fused - 0.01 * (x - 1.0) ** 2
+
+
+def run_until_the_structures_are_spent(**options):
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(
+        seed=4, n_startup_trials=6, policy="alternate", **options,
+    ))
+    study.optimize(memory_objective, n_trials=120, catch=(Infeasible,))
+    return study
+
+
+@pytest.mark.parametrize("arm, spent_reason", [
+    ("model", "model arm spent"), ("explore", "MCTS spent"),
+])
+def test_a_spent_structure_arm_hands_its_trial_to_refine(arm, spent_reason):
+    study = run_until_the_structures_are_spent()
+    spent = [t for t in study.trials if t.user_attrs[_keys.REASON].startswith(spent_reason)
+             and t.user_attrs[_keys.ARM] == "refine"]
+    assert spent, f"the {arm} arm never ran out of structures it expects to run"
+    for trial in spent:
+        # a refinement of a structure that ran, not the structure that would fail
+        assert trial.user_attrs[_keys.ARM] == "refine"
+        assert "autoscout:refine_target" in trial.user_attrs
+        assert "autoscout:model" not in trial.user_attrs
+        assert "mcts:feasibility" not in trial.user_attrs
+        assert trial.state == TrialState.COMPLETE
+    # before it was spent, the arm proposed structures itself
+    proposed = [t for t in study.trials if t.user_attrs[_keys.ARM] == arm]
+    assert proposed and proposed[0].number < spent[0].number
+
+
+def test_spent_mcts_asks_the_model_arm_before_refine():
+    study = run_until_the_structures_are_spent()
+    handed = [t for t in study.trials if t.user_attrs[_keys.REASON].startswith("MCTS spent")]
+    assert handed
+    for trial in handed:
+        if trial.user_attrs[_keys.ARM] == "model":  # it had a structure it expects to run
+            assert trial.user_attrs["autoscout:model"]["p_fail"] < 0.3
+        else:  # the model arm was spent too
+            assert "model arm spent" in trial.user_attrs[_keys.REASON]
+
+
+def test_spent_structure_arms_still_run_where_no_other_arm_can_take_the_trial():
+    # a prediction never closes the only route: without the dense arm the model runs its least
+    # likely structure, and without the model arm too MCTS runs its least likely path
+    study = run_until_the_structures_are_spent(dense_optimizer=False)
+    assert not any(t.user_attrs[_keys.ARM] == "refine" for t in study.trials)
+    assert any(t.user_attrs["autoscout:model"]["p_fail"] >= 0.3 for t in study.trials
+               if t.user_attrs[_keys.ARM] == "model")
+    study = run_until_the_structures_are_spent(dense_optimizer=False, model_arm=False)
+    assert not any("spent" in t.user_attrs[_keys.REASON] for t in study.trials)
+    explored = [t.user_attrs["mcts:feasibility"] for t in study.trials
+                if t.user_attrs[_keys.ARM] == "explore" and "mcts:feasibility" in t.user_attrs]
+    assert any(f["p_fail"] >= 0.9 and f["p_fail"] > f["bar"] for f in explored)
+
 def test_model_arm_weighs_estimates_by_the_samplers_estimate_weight(monkeypatch):
     seen = []
     original = planning.propose_encoded
