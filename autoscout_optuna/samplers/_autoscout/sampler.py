@@ -309,10 +309,11 @@ class AutoScoutSampler(BaseSampler):
         )
         can_refine = bool(space.dense) and self._dense_optimizer and choice is not None
         mcts_spent = ""
-        checked = arm == EXPLORE and (can_model or can_refine)  # writes MCTS's dense values
-        if checked:
-            over = self._mcts_over_the_bar(study, trial, history, digest, space, incumbent,
-                                           number)
+        explore_plan = None  # an explore trial's plan, made (and its dense values told) once
+        if arm == EXPLORE and (can_model or can_refine):
+            explore_plan = self._plan(history, digest, space, incumbent, number, EXPLORE)
+            self._fix_explore_dense(study, trial, explore_plan, space)
+            over = self._mcts_over_the_bar(study, trial)
             if over is not None:
                 mcts_spent = (f"MCTS spent: every path it drew is over its P(FAIL) bar "
                               f"({over['p_fail']:.2f} > {over['bar']:.2f})")
@@ -345,13 +346,13 @@ class AutoScoutSampler(BaseSampler):
             move = ranked[0] if rng.random() < 0.8 else ranked[int(rng.integers(len(ranked)))]
             set_user_attr(study, trial, MOVE_KEY, list(move))
         served = self._served_by(arm, space)
-        rng = trial_rng(self._seed, number, "startup-coverage")
-        plan = planning.make_plan(
-            history, digest, space, incumbent, startup=served == STARTUP, rng=rng, move=move,
-            structure=None if proposal is None else proposal.values,
-        )
-        if served == EXPLORE and not checked:
-            self._fix_explore_dense(study, trial, plan, space)
+        if arm == EXPLORE and explore_plan is not None:
+            plan = explore_plan  # still an explore trial: the plan MCTS was told above
+        else:
+            plan = self._plan(history, digest, space, incumbent, number, served, move=move,
+                              proposal=proposal)
+            if served == EXPLORE:
+                self._fix_explore_dense(study, trial, plan, space)
         set_user_attr(study, trial, _keys.ARM, arm)
         set_user_attr(study, trial, _keys.REASON, reason)
         if extra:
@@ -384,23 +385,31 @@ class AutoScoutSampler(BaseSampler):
         dense = {n: v for n, v in plan["values"].items() if n in space.dense}
         set_system_attr(study, trial, EXPLORE_FIXED_KEY, dense)
 
+    def _plan(
+        self, history: Sequence[Any], digest: Any, space: planning.ObservedSpace,
+        incumbent: Any, number: int, served: str, *, move: tuple[str, Any] | None = None,
+        proposal: planning.Proposal | None = None,
+    ) -> dict[str, Any]:
+        """The trial's plan for the sampler that serves it (a pure function of the history
+        and the trial number, so a resumed study or a second worker makes the same one)."""
+        return planning.make_plan(
+            history, digest, space, incumbent, startup=served == STARTUP,
+            rng=trial_rng(self._seed, number, "startup-coverage"), move=move,
+            structure=None if proposal is None else proposal.values,
+        )
+
     def _mcts_over_the_bar(
-        self, study: optuna.Study, trial: FrozenTrial, history: Sequence[Any], digest: Any,
-        space: planning.ObservedSpace, incumbent: Any, number: int,
+        self, study: optuna.Study, trial: FrozenTrial
     ) -> dict[str, Any] | None:
         """MCTS's feasibility record of the plan it would explore in ``trial`` where every path
         it drew was over its P(FAIL) bar and the one it would run has at least
         ``MCTS_SPENT_P_FAIL``; None otherwise, or for an explore sampler that does not say.
 
-        The plan is the one MCTS serves if the trial stays an explore trial (made once per
-        trial from the same history and dense values)."""
+        MCTS must have been told the trial's dense values (``_fix_explore_dense``): the plan it
+        proposes here is the one it serves if the trial stays an explore trial."""
         propose = getattr(self._explore, "propose_structure", None)
         if propose is None:
             return None
-        # an explore trial's own plan: no structure of its own, the incumbent's dense values
-        plan = planning.make_plan(history, digest, space, incumbent, startup=False,
-                                  rng=trial_rng(self._seed, number, "startup-coverage"))
-        self._fix_explore_dense(study, trial, plan, space)
         feasibility = getattr(propose(study, trial), "feasibility", None) or {}
         p_fail, bar = feasibility.get("p_fail"), feasibility.get("bar")
         if p_fail is None or bar is None or p_fail <= bar or p_fail < MCTS_SPENT_P_FAIL:
