@@ -496,3 +496,16 @@ def test_rescore_refuses_run_options_and_missing_results(tmp_path, monkeypatch, 
     assert main(argv) == 2
     assert "missing: " + str(tmp_path / "toy_suite" / "trials.csv") in capsys.readouterr().err
     assert not (tmp_path / "toy_suite").exists() and not (tmp_path / "README.md").exists()
+
+
+def test_a_report_warns_once_of_a_beaten_optimum(tmp_path):
+    import warnings
+
+    rows = _hand_built("maximize", [5.0, 10.5], ["COMPLETE"] * 2, seed=0)  # optimum 10.0
+    suite = dataclasses.replace(toy_suite(n_trials=2, n_seeds=1), budgets=[1, 2])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _report.write_report(suite, pd.DataFrame(rows), tmp_path)
+    stale = [w for w in caught if "stored optimum" in str(w.message)]
+    assert len(stale) == 1  # the summary and the plot share one frame
+    assert "**beaten by a run** (1.0500x)" in (tmp_path / "summary.md").read_text()
