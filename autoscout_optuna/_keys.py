@@ -16,7 +16,7 @@ SIM_ERROR = "autoscout:sim_error"  # simulator calibrated relative error at deci
 SIM_ERROR_DETAIL = "autoscout:sim_error_detail"  # {n_pairs, discordance, kendall_tau, ...}
 ESTIMATE = "autoscout:estimate"  # the simulator (or ensemble) estimate reported at step 0
 SIMULATED = "autoscout:simulated"  # the raw analytic simulator output (ensemble input)
-DEFAULT_CONFIG = "autoscout:default_config"  # True: the CLI queued it to run the default config
+DEFAULT_CONFIG = "autoscout:default_config"  # True: queued to run the study's default config
 
 # system attrs
 STRUCTURE = "autoscout:structure"  # {param: value} structure a dense refinement must keep

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from autoscout_optuna._keys import DEFAULT_CONFIG
 from autoscout_optuna._space import is_structural
 
 Config = dict[str, Any]
@@ -66,6 +67,14 @@ class StudyDefinition:
     def __post_init__(self) -> None:
         if self.direction not in ("maximize", "minimize"):
             raise ValueError(f"direction must be 'maximize' or 'minimize', got {self.direction!r}")
+
+    def enqueue_default(self, study: optuna.Study) -> None:
+        """Queue ``default_config`` as the study's next trial, tagged with the user attr
+        ``autoscout:default_config`` (the dashboard's and ``FidelityPruner``'s baseline): the
+        one way ``autoscout run`` and the benchmarks' "from the expert config" runs start."""
+        if self.default_config is None:
+            raise ValueError(f"study {self.name!r} has no default config to enqueue")
+        study.enqueue_trial(dict(self.default_config), user_attrs={DEFAULT_CONFIG: True})
 
 
 class Knobs:

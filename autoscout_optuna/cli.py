@@ -349,11 +349,9 @@ def queue_default_trial(study: optuna.Study, definition: Any) -> bool:
     default's measurement queues it, and only into an empty study (not into one being
     resumed).
     """
-    from autoscout_optuna._keys import DEFAULT_CONFIG
-
     if study.get_trials(deepcopy=False):
         return False
-    study.enqueue_trial(dict(definition.default_config), user_attrs={DEFAULT_CONFIG: True})
+    definition.enqueue_default(study)
     print("trial 0 runs the default config", file=sys.stderr)
     return True
 

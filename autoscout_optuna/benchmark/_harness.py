@@ -374,7 +374,7 @@ def run_job(job: _Job) -> list[dict[str, Any]]:
     objective = _recording_failures(objective)
     study = optuna.create_study(direction=definition.direction, sampler=sampler, pruner=pruner)
     if contender.start_from_default:  # the suite checked that the study has one
-        study.enqueue_trial(dict(definition.default_config))
+        definition.enqueue_default(study)
     try:
         study.optimize(objective, n_trials=job.n_trials, catch=(Infeasible,))
     except Exception as error:
