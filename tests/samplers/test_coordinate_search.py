@@ -17,12 +17,14 @@ from autoscout_optuna.samplers._coordinate.search import (
     PATTERN,
     PENDING,
     REAL,
+    TIES,
     Evidence,
     Settings,
     choose_center,
     parabola_vertex,
     plan_move,
 )
+from autoscout_optuna.samplers._coordinate.ties import tied_combination
 
 
 class Rows:
@@ -551,3 +553,50 @@ def test_vertex_step_needs_a_promised_gain_above_the_noise(right: float, stepped
     assert (move.phase == "step") is stepped
     if stepped:
         assert 0.5 < move.point[0] < 0.8
+
+
+def _tied_lines() -> Rows:
+    """A center measured twice at 0.85; knob 0 and knob 1 each have a probe within the noise
+    (0.83, 0.84), knob 2 only a clear loss (0.6)."""
+    rows = Rows(3)
+    rows.add([0.5, 0.5, 0.5], 0.86)
+    rows.add([0.5, 0.5, 0.5], 0.84)
+    rows.add([0.7, 0.5, 0.5], 0.83, moved=0, center=0)
+    rows.add([0.2, 0.5, 0.5], 0.70, moved=0, center=0)
+    rows.add([0.5, 0.8, 0.5], 0.84, moved=1, center=0)
+    rows.add([0.5, 0.5, 0.9], 0.60, moved=2, center=0)
+    return rows
+
+
+def test_the_tied_probes_of_several_lines_are_combined_once() -> None:
+    rows = _tied_lines()
+    proposal = tied_combination(rows.evidence(), 0, 0.85, margin=0.03, snap=lambda i, u: u)
+    assert proposal is not None
+    moved, point = proposal
+    assert moved == 2.0
+    np.testing.assert_allclose(point, [0.7, 0.8, 0.5])  # the clear loss on knob 2 is not taken
+    rows.add(point, 0.84, moved=TIES, center=0)  # tried from this center: not again
+    assert tied_combination(rows.evidence(), 0, 0.85, 0.03, lambda i, u: u) is None
+
+
+def test_ties_need_two_lines_within_the_margin() -> None:
+    rows = _tied_lines()
+    # with a tighter margin only knob 1's probe ties: a single line is its own line search's
+    assert tied_combination(rows.evidence(), 0, 0.85, margin=0.01, snap=lambda i, u: u) is None
+
+
+def test_plan_move_combines_the_ties_once_every_line_is_resolved() -> None:
+    """Each knob alone gains less than the noise margin (+0.03 against a center measured high);
+    together they gain clearly: once both lines are resolved, the ties are tried together."""
+    rows = Rows(2)
+    for score in (0.88, 0.84, 0.86):  # the center, measured three times (noise ~0.02)
+        rows.add([0.5, 0.5], score)
+    for i in range(2):
+        for u, score in ((0.75, 0.86), (0.25, 0.70), (0.6, 0.85), (0.4, 0.78)):
+            point = [0.5, 0.5]
+            point[i] = u
+            rows.add(point, score, moved=i, center=0, vertex=u in (0.6, 0.4))
+    rows.add([0.02, 0.02], kind=FAILED, moved=-1)  # with a failure seen, no model between lines
+    move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
+    assert move.phase == "ties"
+    np.testing.assert_allclose(move.point, [0.75, 0.75])

@@ -18,8 +18,10 @@ MODEL = -3  # ``moved`` of a model move (the best point of a local quadratic fit
 #: size of either (a failed slide must not shrink the line search's step).
 SLIDE = -4
 PLATEAU = -5  # ``moved`` of a plateau move (the knobs found flat, redrawn together)
+TIES = -6  # ``moved`` of a ties move (each line's tied probe, combined)
 #: ``moved`` of each move off the axes, by phase (the others record the coordinate they moved).
-OFF_AXIS = {"pattern": PATTERN, "model": MODEL, "slide": SLIDE, "plateau": PLATEAU}
+OFF_AXIS = {"pattern": PATTERN, "model": MODEL, "slide": SLIDE, "plateau": PLATEAU,
+            "ties": TIES}
 MAX_FAILED_SLIDES = 2  # failed slides from one wall before it counts as independent of the rest
 RULES = ("cyclic", "random", "sensitivity")
 _SAME = 1e-6  # unit-cube distance below which two coordinates are the same value

@@ -35,10 +35,11 @@ class CoordinateDescentSampler(BaseSampler):
     other side, then the vertex of the parabola through the bracket. Failed trials are walls,
     approached by bisection and never crossed; an apparent improvement within the measurement
     noise is re-measured before the center moves. When every coordinate is resolved the sampler
-    follows the center's travel (a pattern move), redraws together the knobs found flat around
-    the center (a plateau move: the next stair of a staircase), then the best point of a
-    quadratic fitted around the center (a model move: curved valleys, coupled knobs), then
-    restarts around it.
+    follows the center's travel (a pattern move), tries together the probes that tied with the
+    center on several lines (a ties move: gains each hidden by the noise), redraws together the
+    knobs found flat around the center (a plateau move: the next stair of a staircase), then
+    the best point of a quadratic fitted around the center (a model move: curved valleys,
+    coupled knobs), then restarts around it.
 
     Refining several structures in turn (as ``AutoScoutSampler``'s refine arm does), a
     structure's line searches start with the knobs whose moves changed the score most under
@@ -52,12 +53,12 @@ class CoordinateDescentSampler(BaseSampler):
     without such an anchor, and every param of a space with no dense knob, go to ``fallback``.
 
     Every decision is stored on the trial: user attrs ``cd:phase`` (startup / confirm / probe /
-    step / slide / pattern / plateau / model / restart / fallback), ``cd:coordinate`` (None for
-    moves off the axes), ``cd:step`` (signed, unit cube; for ``pattern`` the multiple ``t`` of
-    the center's travel, for ``plateau`` the farthest knob's distance, for ``model`` the trust
-    radius), ``cd:slope``, ``cd:center`` (trial number). Nothing else is kept: a resumed or
-    parallel study rebuilds the same state from storage (a memo of finished trials only saves
-    re-reading them).
+    step / slide / pattern / ties / plateau / model / restart / fallback), ``cd:coordinate``
+    (None for moves off the axes), ``cd:step`` (signed, unit cube; for ``pattern`` the multiple
+    ``t`` of the center's travel, for ``ties`` the number of knobs moved, for ``plateau`` the
+    farthest knob's distance, for ``model`` the trust radius), ``cd:slope``, ``cd:center``
+    (trial number). Nothing else is kept: a resumed or parallel study rebuilds the same state
+    from storage (a memo of finished trials only saves re-reading them).
 
     Example:
         .. testcode::
