@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from autoscout_optuna.samplers._coordinate import search
-from autoscout_optuna.samplers._coordinate.evidence import MAX_FAILED_SLIDES, SLIDE
+from autoscout_optuna.samplers._coordinate.evidence import MAX_FAILED_SLIDES, SLIDE, lines_through
 from autoscout_optuna.samplers._coordinate.model import _trust_region_step, model_proposal
 from autoscout_optuna.samplers._coordinate.moves import parabola_at
 from autoscout_optuna.samplers._coordinate.pattern import pattern_proposal
@@ -600,3 +600,16 @@ def test_plan_move_combines_the_ties_once_every_line_is_resolved() -> None:
     move = plan_move(rows.evidence(), Settings(), np.random.default_rng(0))
     assert move.phase == "ties"
     np.testing.assert_allclose(move.point, [0.75, 0.75])
+
+
+def test_lines_through_names_the_one_coordinate_a_row_differs_in():
+    c = np.array([0.5, 0.5, 0.5])
+    points = np.array([
+        [0.5, 0.5, 0.5],          # the center itself
+        [0.5, 0.9, 0.5],          # on the line along coordinate 1
+        [0.5 + 1e-9, 0.5, 0.1],   # along 2 (a difference below _SAME is no difference)
+        [0.1, 0.9, 0.5],          # off every line
+    ])
+    n_diff, along = lines_through(points, c)
+    assert n_diff.tolist() == [0, 1, 1, 2]
+    assert along.tolist() == [-1, 1, 2, -1]

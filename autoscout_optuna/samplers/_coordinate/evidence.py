@@ -112,6 +112,14 @@ def snap_point(snap: Snap, point: np.ndarray) -> np.ndarray:
     return np.array([snap(i, u) for i, u in enumerate(point)])
 
 
+def lines_through(points: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``points``: how many coordinates differ from ``c``, and the one that does
+    where exactly one does (the row lies on the line through ``c`` along it; -1 elsewhere)."""
+    differ = np.abs(points - c) > _SAME
+    n_diff = differ.sum(axis=1)
+    return n_diff, np.where(n_diff == 1, differ.argmax(axis=1), -1)
+
+
 def margin_of(noise: float | None, settings: Settings) -> float:
     """Score differences below this are ties: ``confidence`` times the noise."""
     return 0.0 if noise is None else settings.confidence * noise

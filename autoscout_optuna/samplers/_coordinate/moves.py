@@ -17,6 +17,7 @@ from autoscout_optuna.samplers._coordinate.evidence import (
     Settings,
     Snap,
     _is_taken,
+    lines_through,
     point_mean,
     step_size,
 )
@@ -189,15 +190,14 @@ def headroom_center(evidence: Evidence, settings: Settings, center: int, margin:
         return center
     c = points[center]
     score_c = point_mean(evidence, center)
-    differ = np.abs(points - c) > _SAME
-    single = differ.sum(axis=1) == 1
+    _, along = lines_through(points, c)
     for i in range(points.shape[1]):
         lo_wall, hi_wall = _walls(evidence, settings, i, c)
         if np.isfinite(lo_wall) == np.isfinite(hi_wall):
             continue  # no wall on this line, or walls on both sides
         away = 1.0 if np.isfinite(lo_wall) else -1.0
         rows = np.flatnonzero(
-            single & differ[:, i] & (kinds == REAL) & ((points[:, i] - c[i]) * away > 0)
+            (along == i) & (kinds == REAL) & ((points[:, i] - c[i]) * away > 0)
             & (evidence.scores >= score_c - margin)
         )
         if rows.size:
@@ -219,17 +219,14 @@ def wall_slide(
     failed = np.flatnonzero(kinds == FAILED)
     if failed.size == 0:
         return None
-    delta = points[failed] - c
-    moved = np.abs(delta) > _SAME
-    single = moved.sum(axis=1) == 1
+    _, along = lines_through(points[failed], c)
     d = points.shape[1]
     tried = points[kinds != FAILED]
     tried_failed = points[failed]
     real = kinds == REAL
     score_c = point_mean(evidence, center)
     nearest: dict[tuple[int, float], int] = {}  # (coordinate, side) -> nearest failed row
-    for row in failed[single]:
-        j = int(np.flatnonzero(np.abs(points[row] - c) > _SAME)[0])
+    for row, j in zip(failed[along >= 0].tolist(), along[along >= 0].tolist(), strict=True):
         key = (j, float(np.sign(points[row, j] - c[j])))
         if key not in nearest or abs(points[row, j] - c[j]) < abs(
             points[nearest[key], j] - c[j]

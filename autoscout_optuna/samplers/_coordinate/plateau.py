@@ -23,6 +23,7 @@ from autoscout_optuna.samplers._coordinate.evidence import (
     Evidence,
     Snap,
     _is_taken,
+    lines_through,
     snap_point,
 )
 
@@ -48,7 +49,7 @@ def flat_intervals(
     points, kinds, scores = evidence.points, evidence.kinds, evidence.scores
     c = points[center]
     real = kinds == REAL
-    through_center = real & (np.sum(np.abs(points - c) > _SAME, axis=1) <= 1)
+    through_center = real & (lines_through(points, c)[0] <= 1)
     level = float(np.median(scores[through_center])) if through_center.any() else score_c
     tied_score = np.abs(scores - level) <= margin
     real_rows = np.flatnonzero(real)

@@ -67,7 +67,6 @@ from __future__ import annotations
 import numpy as np
 
 from autoscout_optuna.samplers._coordinate.evidence import (
-    _SAME,
     ESTIMATE,
     FAILED,
     MAX_LINE_STEPS,
@@ -88,6 +87,7 @@ from autoscout_optuna.samplers._coordinate.evidence import (
     _same_point_rows,
     choose_center,
     largest_change,
+    lines_through,
     margin_of,
     point_mean,
     sensitivities,
@@ -160,9 +160,7 @@ def plan_move(
         center = headroom_center(evidence, settings, center, margin)
     c = points[center]
     score_c = point_mean(evidence, center)
-    others_differ = np.abs(points - c) > _SAME
-    n_diff = others_differ.sum(axis=1)
-    diff_coord = np.where(n_diff == 1, others_differ.argmax(axis=1), -1)
+    n_diff, diff_coord = lines_through(points, c)
     failed, feasible = points[kinds == FAILED], points[(kinds == REAL) | (kinds == ESTIMATE)]
 
     def off_axis(phase: str, proposal: tuple[float, np.ndarray] | None) -> Move | None:

@@ -15,12 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 from autoscout_optuna.samplers._coordinate.evidence import (
-    _SAME,
     REAL,
     TIES,
     Evidence,
     Snap,
     _is_taken,
+    lines_through,
     snap_point,
 )
 
@@ -35,11 +35,11 @@ def tied_combination(
         return None
     points, scores = evidence.points, evidence.scores
     c = points[center]
-    differ = np.abs(points - c) > _SAME
-    on_a_line = (differ.sum(axis=1) == 1) & (evidence.kinds == REAL)
+    _, along = lines_through(points, c)
+    real = evidence.kinds == REAL
     point, moved = c.copy(), 0
     for i in range(points.shape[1]):
-        rows = np.flatnonzero(on_a_line & differ[:, i])
+        rows = np.flatnonzero(real & (along == i))
         if rows.size == 0:
             continue
         best = rows[int(np.argmax(scores[rows]))]
