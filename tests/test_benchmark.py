@@ -137,6 +137,7 @@ def test_trials_to_99_on_a_hand_built_frame(direction):
     assert summary["best@5_median"] == pytest.approx((0.995 + 0.9) / 2)
     assert summary["fail_per_seed"] == 0.5
     assert summary["optimum_source"] == "definition"
+    assert math.isnan(summary["optimum_beaten_by"])
 
 
 def test_unknown_optimum_falls_back_to_best_seen():
@@ -450,6 +451,7 @@ def test_a_run_beating_the_stored_optimum_is_flagged_not_hidden():
         summary = _report.summarize(pd.DataFrame(rows), [1, 2], 2)
     assert summary.loc[0, "best@2_median"] == pytest.approx(1.05)  # kept, not clipped to 1
     assert summary.loc[0, "optimum_source"] == "definition, beaten by a run (1.0500x)"
+    assert summary.loc[0, "optimum_beaten_by"] == pytest.approx(1.05)
     assert "**beaten by a run** (1.0500x)" in _report.markdown(summary, [1, 2], 2)
     # reaching it exactly is no warning
     import warnings
