@@ -224,11 +224,10 @@ def suites(quick: bool = False) -> list[Suite]:
             description="Smoke-test run (--quick).",
         ) for name, make in (("fidelity", contenders), ("fidelity-long", long_contenders))]
     # rescored from trials.csv alone: not the ensemble's throughput, which is a measurement
-    shared = dict(definitions=definitions, labels=LABELS, n_seeds=N_SEEDS,
-                  rescore_report=write_real_runs_report)
+    shared = dict(definitions=definitions, labels=LABELS, rescore_report=write_real_runs_report)
     return [
         Suite(
-            name="fidelity", contenders=contenders(), n_trials=MAX_TRIALS,
+            name="fidelity", contenders=contenders(), n_trials=MAX_TRIALS, n_seeds=N_SEEDS,
             budgets=(50, 100, 250, MAX_TRIALS),
             description=" ".join((__doc__ or "").split("\n\n")[1].split()),
             extra_report=write_extra_report, **shared,
@@ -242,7 +241,7 @@ def suites(quick: bool = False) -> list[Suite]:
                 f"trials instead of {REAL_RUN_BUDGET} and {MAX_TRIALS}: real runs to 99 % of the "
                 "optimum where the shorter suite censors them."
             ),
-            extra_report=write_real_runs_report, **{**shared, "n_seeds": LONG_N_SEEDS},
+            n_seeds=LONG_N_SEEDS, extra_report=write_real_runs_report, **shared,
         ),
     ]
 

@@ -219,14 +219,16 @@ def wall_slide(
     failed = np.flatnonzero(kinds == FAILED)
     if failed.size == 0:
         return None
-    _, along = lines_through(points[failed], c)
+    _, along = lines_through(points, c)
+    failed_along = along[failed]
     d = points.shape[1]
     tried = points[kinds != FAILED]
     tried_failed = points[failed]
     real = kinds == REAL
     score_c = point_mean(evidence, center)
     nearest: dict[tuple[int, float], int] = {}  # (coordinate, side) -> nearest failed row
-    for row, j in zip(failed[along >= 0].tolist(), along[along >= 0].tolist(), strict=True):
+    on_a_line = failed_along >= 0
+    for row, j in zip(failed[on_a_line].tolist(), failed_along[on_a_line].tolist(), strict=True):
         key = (j, float(np.sign(points[row, j] - c[j])))
         if key not in nearest or abs(points[row, j] - c[j]) < abs(
             points[nearest[key], j] - c[j]
@@ -241,8 +243,7 @@ def wall_slide(
             continue
         # Only a wall the score climbs towards: the line's other side is clearly worse.
         side = np.sign(points[row, j] - c[j])
-        others = np.abs(np.delete(points - c, j, axis=1)).max(axis=1) if d > 1 else 0.0
-        behind = real & (others <= _SAME) & ((points[:, j] - c[j]) * side < -_SAME)
+        behind = real & (along == j) & ((points[:, j] - c[j]) * side < 0.0)
         if not np.any(evidence.scores[behind] < score_c - margin):
             continue
         for k in range(1, d):
