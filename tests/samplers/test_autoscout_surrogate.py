@@ -156,6 +156,37 @@ def test_a_value_that_always_failed_is_avoided():
     assert chosen.count(2) <= 1
 
 
+def test_a_choice_no_scored_trial_made_takes_the_best_mean_of_its_params_made_choices():
+    # two params: the first with values 0-2 (1 never made), the second with 0-1 (none made)
+    offsets = np.array([0, 3, 5])
+    mean = np.array([0.7, -0.4, 0.0, 0.9, 0.0, 0.0])
+    unseen = np.array([False, False, True, False, True, True])
+    assert list(surrogate.optimistic_unseen(mean, unseen, offsets)) == [0.7, -0.4, 0.9, 0.9,
+                                                                         0.0, 0.0]
+    assert mean[2] == 0.0  # the caller's array is left as it was
+
+
+def test_a_choice_no_trial_made_is_proposed_more_often_than_at_the_neutral_prior(monkeypatch):
+    # zero=2 is the best value by itself, and no trial made it (nor failed with it)
+    def proposals_with_zero_2():
+        count = 0
+        for seed in range(20):
+            rows, kinds, scores = random_history(seed, 16)
+            kept = [i for i, r in enumerate(rows) if r["zero"] != 2]
+            proposal = surrogate.propose(NAMES, VALUES, [rows[i] for i in kept],
+                                         [kinds[i] for i in kept], [scores[i] for i in kept],
+                                         {}, np.random.default_rng(seed))
+            count += proposal.values["zero"] == 2
+        return count
+
+    optimistic = proposals_with_zero_2()
+    draw = surrogate.draw_weights
+    # the neutral prior: an unseen choice drawn around 0, the average structure
+    monkeypatch.setattr(surrogate, "draw_weights",
+                        lambda *args, offsets=None, **kwargs: draw(*args, **kwargs))
+    assert optimistic >= proposals_with_zero_2() + 3
+
+
 def test_a_conditional_param_is_left_out_where_it_would_not_be_asked():
     names = [*NAMES, "recompute_layers"]
     values = [*VALUES, [1, 2, 4]]
