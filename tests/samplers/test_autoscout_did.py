@@ -6,6 +6,7 @@ from autoscout_optuna.samplers._autoscout.did import (
     FAILURE_REWARD,
     ArmOutcome,
     arm_rewards,
+    luck_allowance,
     pooled_noise,
     score_scale,
     structure_potential,
@@ -140,3 +141,38 @@ def test_real_values_take_precedence_over_estimates_of_a_structure():
     ledger.add(ArmOutcome("explore", "C", 0.5))
     ledger.add(ArmOutcome("refine", "B", 0.1))
     assert ledger.incumbent == "B"
+
+
+def test_luck_allowance_grows_with_the_draws_that_could_have_been_the_best():
+    assert luck_allowance([5.0], noise=1.0) == 0.0
+    two = luck_allowance([4.0, 5.0], noise=1.0)
+    ten = luck_allowance([4.2 + 0.08 * i for i in range(10)] + [5.0], noise=1.0)
+    assert 0.5 < two < 0.7
+    assert 1.5 < ten < 1.7
+    # Scores far below the best could not have been it by luck: they add nothing.
+    assert luck_allowance([0.0, 0.5, 1.0, 4.0, 5.0], noise=1.0) == pytest.approx(two)
+
+
+def test_potential_discounts_a_best_of_many_noisy_measurements():
+    # A measured 8 times at about one level: its best is the luckiest draw. B, measured once
+    # below that best, ranks above A once the luck is discounted.
+    a_scores = [10.0, 10.1, 10.2, 10.3, 10.4, 10.5, 10.6, 10.9]
+    outcomes = [ArmOutcome("startup", "A", a_scores[0])]
+    outcomes += [ArmOutcome("refine", "A", v) for v in a_scores[1:]]
+    outcomes.append(ArmOutcome("model", "B", 10.3))
+    assert structure_potential(outcomes, noise=0.0)["A"] == 10.9  # no noise, no luck
+    noisy = structure_potential(outcomes, noise=0.5)
+    luck = luck_allowance(a_scores, 0.5)
+    assert 0.6 < luck < 0.8
+    assert noisy["A"] == pytest.approx(10.9 - luck)
+    assert noisy["B"] == 10.3  # measured once: no luck to discount, no gain beyond the noise
+    assert noisy["A"] < noisy["B"]
+    assert structure_potential(outcomes, estimator="naive", noise=0.5)["A"] == 10.9
+
+
+def test_estimates_carry_no_luck_allowance():
+    # Only real scores are discounted (an estimate-only structure keeps its best estimate).
+    outcomes = [ArmOutcome("startup", "A", 3.0), ArmOutcome("refine", "A", 3.1),
+                ArmOutcome("model", "C", 2.0, estimate=True),
+                ArmOutcome("model", "C", 2.9, estimate=True)]
+    assert structure_potential(outcomes, noise=0.2)["C"] == 2.9

@@ -86,10 +86,13 @@ class AutoScoutSampler(BaseSampler):
        ``estimate_weight``; RUNNING trials count as pulls at the arm's mean. Discounted
        Thompson sampling with a floor picks the arm
        (:mod:`~autoscout_optuna.samplers._autoscout.bandit`).
-    3. **Refine target**: structures ranked by potential ``best(s) + max(0, gain(s*) - gain(s)
-       - 2 noise)`` (``gain`` = best minus first score of a structure, ``s*`` the incumbent
-       structure): a structure that beat the incumbent at a comparable stage gets dense tuning
-       too, instead of being judged against a tuned incumbent. The first of the top ``3`` (within
+    3. **Refine target**: structures ranked by potential ``b(s) + max(0, gain(s*) - gain(s)
+       - 2 noise)`` (``b`` = a structure's best real score less the luck a best of its
+       near-best measurements carries, ``noise * E[max of n standard normals]``; ``gain`` = b
+       minus first score; ``s*`` the incumbent structure): a structure that beat the incumbent
+       at a comparable stage gets dense tuning too, instead of being judged against a tuned
+       incumbent, and a structure measured once is not ranked below one whose best is the
+       luckiest of many draws. The first of the top ``3`` (within
        a reward scale of the incumbent) that has not used its patience is refined, so a close
        runner-up is tuned before it is written off (attr ``autoscout:refine_target``: rank,
        stale count, patience, potential).
