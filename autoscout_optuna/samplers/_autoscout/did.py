@@ -217,8 +217,10 @@ def structure_potential(
     would measure again, while a structure measured once is not inflated at all, so comparing
     raw bests keeps the search on the structure it measured most (``llm_training``, 20 %
     noise simulator, seed 5: a tp 2 structure's best of 8 real runs measured 1.035 of the
-    optimum, 0.974 true, and kept a tp 1 structure measured once at 0.993, 0.984 true, out of
-    the refine arm's top three for the remaining 800 trials). A gain must also clear the
+    optimum, 0.974 true, and kept a tp 1 structure measured once at 0.993, 0.984 true, below
+    the refine arm's "close" band: after that run the arm refined only tp 2 structures). A
+    best that is one lucky measurement, far above its structure's other scores, has no
+    near-best draws to discount (see :func:`luck_allowance`). A gain must also clear the
     noise allowance. With ``estimator="naive"`` the potential is the raw best score.
     """
     _check_estimator(estimator)
