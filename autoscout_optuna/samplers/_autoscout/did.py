@@ -257,8 +257,8 @@ def luck_allowances(ledger: Ledger, noise: float) -> np.ndarray:
     allowances = np.zeros(len(ledger.places))
     if noise <= 0.0:
         return allowances
-    for structure, scores in ledger.reals.items():
-        if len(scores) > 1 and structure in ledger.places:
+    for structure, scores in ledger.reals.items():  # every structure with a real score has a place
+        if len(scores) > 1:
             allowances[ledger.places[structure]] = luck_allowance(scores, noise)
     return allowances
 
