@@ -87,6 +87,35 @@ def test_nothing_already_run_failed_or_running_is_proposed_again():
                              [throughput(r) for r in ALL], {}, rng) is None
 
 
+def test_a_structure_seen_only_through_a_few_poor_estimates_can_be_proposed_again():
+    best = dict(zip(NAMES, [4, 2, "selective", 2], strict=True))
+    picks = {}
+    cases = {"one look": (1, False), "enough looks": (surrogate.ESTIMATE_LOOKS, False),
+             "one look with the trial's dense values": (1, True)}
+    for case, (looks, same_dense) in cases.items():
+        chosen = 0
+        for seed in range(20):
+            rows, kinds, scores = random_history(seed, 24)
+            keep = [i for i, r in enumerate(rows) if r != best]
+            rows, kinds, scores = ([x[i] for i in keep] for x in (rows, kinds, scores))
+            codes = surrogate.encode(NAMES, surrogate.value_lookups(VALUES), rows + [best] * looks)
+            repeats = np.zeros(len(codes), dtype=bool)
+            repeats[len(rows):] = same_dense
+            # the simulator's noise drew the best structure's estimates far too low
+            proposal = surrogate.propose_encoded(
+                NAMES, VALUES, codes, kinds + ["estimate"] * looks,
+                scores + [0.5 * throughput(best)] * looks, {}, np.random.default_rng(seed),
+                repeats=repeats,
+            )
+            chosen += proposal.values == best
+        picks[case] = chosen
+    # one poor look does not write it off: the real runs' choices point back at it
+    assert picks["one look"] >= 10
+    assert picks["enough looks"] == 0
+    # the same configuration again would only be scored the same by a deterministic simulator
+    assert picks["one look with the trial's dense values"] == 0
+
+
 def test_a_failed_prefix_rules_out_every_structure_below_it():
     rows, kinds, scores = random_history(3, 12)
     rows = [*rows, {"tp": 4, "pp": 2}]  # tp=4 with pp=2 was refused as soon as pp was asked

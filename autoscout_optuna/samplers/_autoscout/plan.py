@@ -23,6 +23,7 @@ from autoscout_optuna.samplers._autoscout.did import (
 )
 from autoscout_optuna.samplers._autoscout.history_table import HistoryTable
 from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
+from autoscout_optuna.samplers._autoscout.relook import exact_repeats
 from autoscout_optuna.samplers._autoscout.startup import infer_conditions, least_covered
 from autoscout_optuna.samplers._autoscout.surrogate import (
     ESTIMATE_WEIGHT,
@@ -140,11 +141,7 @@ def make_plan(
     # at all, repeating the same dense values would only repeat trials, so they are random.
     dense_random = startup and bool(history) and _all_values_seen(history, space)
     if not dense_random:
-        for name in space.dense:
-            donor = best if best is not None and name in best.params else None
-            donor = donor or digest.best_having(name)
-            if donor is not None:
-                values[name] = donor.params[name]
+        values.update(donor_dense_values(digest, space, best))
     if startup:
         for name in space.structural:
             seen = [o.params[name] for o in history if name in o.params]
@@ -155,6 +152,20 @@ def make_plan(
     if structure is not None:
         values.update(structure)
     return {"values": values, "unseen_dense": "random" if dense_random else "centre"}
+
+
+def donor_dense_values(
+    digest: StudyDigest, space: ObservedSpace, best: Seen | None
+) -> dict[str, Any]:
+    """The dense values a trial with a new structure runs with: the incumbent's, and for a
+    knob it lacks, those of the best trial that has it."""
+    values = {}
+    for name in space.dense:
+        donor = best if best is not None and name in best.params else None
+        donor = donor or digest.best_having(name)
+        if donor is not None:
+            values[name] = donor.params[name]
+    return values
 
 
 def _all_values_seen(history: Sequence[Seen], space: ObservedSpace) -> bool:
@@ -381,7 +392,7 @@ def exploring_succeeds(history: Sequence[Seen], last: int = 5) -> bool:
 def model_proposal(
     history: Sequence[Seen], space: ObservedSpace, rng: np.random.Generator,
     table: HistoryTable | None = None, memory_model: bool = False,
-    estimate_weight: float = ESTIMATE_WEIGHT,
+    estimate_weight: float = ESTIMATE_WEIGHT, dense: Mapping[str, Any] | None = None,
 ) -> Proposal | None:
     """The model arm's structure (:mod:`~autoscout_optuna.samplers._autoscout.surrogate`).
 
@@ -389,16 +400,25 @@ def model_proposal(
     the caller keeps between calls, so a proposal reads only the trials added since the last.
     ``memory_model``: also learn P(out of memory) from the peak memory trials report.
     ``estimate_weight``: a PRUNED trial's estimate in the regression, a real value's being 1.
+    ``dense``: the dense values the trial runs with (:func:`donor_dense_values`); an estimate
+    made with them leaves its structure tried (``surrogate.settled_rows``) unless the
+    simulator's error is drawn per call (:mod:`~autoscout_optuna.samplers._autoscout.relook`).
+    None: any estimate may be looked past.
     """
     names = list(space.structural)
     values = [discrete_values(space.distributions[n]) for n in names]
     inputs = (table or HistoryTable()).read(history, names, values)
+    # without an estimate (no pruner) every row counts as tried: no need to read the history
+    repeats = None
+    if dense is not None and (inputs.kinds == "estimate").any():
+        repeats = exact_repeats(history, dense, space.dense)
     return propose_encoded(names, values, inputs.codes, inputs.kinds, inputs.scores,
                            inputs.conditions, rng,
                            gram=weighted_gram(inputs.grams, estimate_weight),
                            positions=inputs.positions, broke_rule=inputs.broke_rule,
                            memory=inputs.memory if memory_model else None,
-                           estimate_weight=estimate_weight)
+                           estimate_weight=estimate_weight,
+                           repeats=repeats)
 
 
 def _arm(obs: Seen) -> str:

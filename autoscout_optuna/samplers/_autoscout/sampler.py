@@ -67,8 +67,10 @@ class AutoScoutSampler(BaseSampler):
        system attr ``autoscout:structure``; it takes PRUNED estimates as measurements while
        the pruner finds the simulator close to real runs, see its ``use_estimates``);
        ``model`` (step 6: the untried structure a Thompson draw of a log-additive model of
-       all scores ranks first, among those MCTS's feasibility model does not expect to
-       fail: :mod:`~autoscout_optuna.samplers._autoscout.surrogate`); optionally
+       all scores ranks first (one only estimated, fewer than three times and never with the
+       trial's dense values, counts as untried: one noisy look does not write it off),
+       among those MCTS's feasibility model does not expect to fail:
+       :mod:`~autoscout_optuna.samplers._autoscout.surrogate`); optionally
        ``neighbour`` (the incumbent's structure with one structural param changed). Each
        finished trial rewards its arm by difference-in-differences
        (:mod:`~autoscout_optuna.samplers._autoscout.did`)::
@@ -334,7 +336,9 @@ class AutoScoutSampler(BaseSampler):
             rng = trial_rng(self._seed, number, "model")
             proposal = planning.model_proposal(history, space, rng, self._model_table,
                                                memory_model=self._memory_model,
-                                               estimate_weight=self._estimate_weight)
+                                               estimate_weight=self._estimate_weight,
+                                               dense=planning.donor_dense_values(
+                                                   digest, space, incumbent))
             model_spent = proposal is not None and proposal.p_fail >= SPENT_P_FAIL
             prefix = f"{mcts_spent}; " if mcts_spent else ""
             if (proposal is None and mcts_spent or model_spent) and can_refine:

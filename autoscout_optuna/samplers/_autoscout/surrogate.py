@@ -15,12 +15,12 @@ The model: Bayesian ridge regression of the standardized log-score on the one-ho
 structural choices (a conditional knob that was not asked contributes nothing), with a
 Thompson draw of its weights per trial, so the arm both follows the model and tries choices
 it is unsure of. Candidates are the top structures with one to three choices changed, and
-uniformly drawn structures; a candidate already run (or failed, or running) is left out, as is
-one the feasibility model of MCTS (:mod:`~autoscout_optuna.samplers._mcts.feasibility`) expects
-to fail, with the evidence MCTS uses: the logistic fit and monotone rule on full-length
-failures, the dead pairs of prefix failures (an invalid layout found while suggesting; here
-only those that two failures attest) and the patterns rule failures share. The best draw among
-the rest is proposed.
+uniformly drawn structures; a candidate already run (or failed, or running; for one only
+estimated see :func:`settled_rows`) is left out, as is one the feasibility model of MCTS
+(:mod:`~autoscout_optuna.samplers._mcts.feasibility`) expects to fail, with the evidence
+MCTS uses: the logistic fit and monotone rule on full-length failures, the dead pairs of
+prefix failures (an invalid layout found while suggesting; here only those that two failures
+attest) and the patterns rule failures share. The best draw among the rest is proposed.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ DEAD_PAIR_FAILURES = 2
 # A PRUNED trial's estimate against a real value, unless the caller says otherwise (the
 # sampler passes its ``estimate_weight``).
 ESTIMATE_WEIGHT = 0.5
+# Estimates of one structure before it counts as tried (see ``settled_rows``).
+ESTIMATE_LOOKS = 3
 
 
 @dataclass(frozen=True)
@@ -128,13 +130,16 @@ def propose_encoded(
     broke_rule: np.ndarray | None = None,
     memory: np.ndarray | None = None,
     estimate_weight: float = ESTIMATE_WEIGHT,
+    repeats: np.ndarray | None = None,
 ) -> Proposal | None:
     """:func:`propose` on trials already encoded (``codes``, as :func:`encode` returns);
     ``gram``, where the caller keeps it, is :func:`weighted_gram` of these trials'
     :func:`scored_grams` at this ``estimate_weight``;
     ``positions`` (:func:`ask_positions`) and ``broke_rule``, where given, let the feasibility
     model name the dead pairs of prefix failures and the patterns of rule failures;
-    ``memory``, where given, fits its memory model (``_mcts/memory.py``)."""
+    ``memory``, where given, fits its memory model (``_mcts/memory.py``);
+    ``repeats``, where given, marks the rows run with the dense values the trial gets (see
+    :func:`settled_rows`)."""
     lookups = value_lookups(value_lists)
     kind = np.asarray(kinds, dtype=str)
     scored = _scored(kind)
@@ -152,7 +157,7 @@ def propose_encoded(
     templates = codes[np.flatnonzero(scored)[order[:N_TEMPLATES]]]
     candidates = make_candidates(templates, n_values, rng)
     candidates = apply_conditions(candidates, names, lookups, conditions)
-    candidates = untried(unique_rows(candidates)[0], codes)
+    candidates = untried(unique_rows(candidates)[0], settled_rows(codes, kind, repeats))
     if len(candidates) == 0:
         return None
     feasibility = fit_feasibility(
@@ -171,6 +176,32 @@ def propose_encoded(
     values = {name: value_lists[j][candidates[best, j]] for j, name in enumerate(names)
               if candidates[best, j] >= 0}
     return Proposal(values, float(predicted[best]), float(p_fail[best]), len(candidates))
+
+
+def settled_rows(
+    codes: np.ndarray, kind: np.ndarray, repeats: np.ndarray | None = None
+) -> np.ndarray:
+    """The rows that make a structure "tried": all but the estimates of a structure seen only
+    through fewer than ``ESTIMATE_LOOKS`` of them, with other dense values than the trial's.
+
+    A pruned trial's estimate is one noisy look: a structure whose single estimate drew the
+    simulator's noise low would otherwise never be proposed again, whatever the model learns
+    of its choices later (``fidelity-long``, 20 % noise: the stalled seeds never returned to
+    the optimum's structure after one poor estimate). Proposed again, it runs with the dense
+    values the trial gets; an estimate made with those very values (``repeats``) is the same
+    configuration, which a deterministic simulator would only score the same again, so it
+    counts as tried. ``repeats``: None, every row has the trial's dense values.
+    """
+    estimate = kind == "estimate"
+    if repeats is not None:
+        estimate &= ~np.asarray(repeats, dtype=bool)
+    if not estimate.any():
+        return codes
+    _, inverse, counts = unique_rows(codes[kind == "estimate"])
+    looks = np.zeros(len(codes), dtype=np.int64)
+    looks[kind == "estimate"] = counts[inverse]
+    keep = ~estimate | (looks >= ESTIMATE_LOOKS)
+    return codes[keep]
 
 
 def value_lookups(value_lists: Sequence[Sequence[Any]]) -> list[dict[Any, int]]:

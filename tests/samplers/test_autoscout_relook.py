@@ -1,0 +1,69 @@
+"""Whether the model arm may look at an estimated configuration again (``relook.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoscout_optuna import _keys
+from autoscout_optuna.samplers._autoscout.reader import Seen
+from autoscout_optuna.samplers._autoscout.relook import exact_repeats, simulator_varies
+
+DENSE = ("bucket_mb",)
+
+
+def seen(number, params, kind, score, simulated=None):
+    key = tuple(sorted((k, repr(v)) for k, v in params.items()))
+    attrs = {} if simulated is None else {_keys.SIMULATED: simulated}
+    structure = tuple(item for item in key if item[0] not in DENSE)
+    return Seen(number=number, params=params, distributions={}, kind=kind, score=score,
+                user_attrs=attrs, structure=structure, config=key, arm="model")
+
+
+A = {"tp": 2, "bucket_mb": 40.0}
+B = {"tp": 4, "bucket_mb": 40.0}
+A_OTHER_DENSE = {"tp": 2, "bucket_mb": 80.0}
+
+
+@pytest.mark.parametrize(
+    ("history", "expected"),
+    [
+        # no configuration estimated twice: not known yet
+        ([seen(0, A, "estimate", 1.0), seen(1, B, "estimate", 2.0)], None),
+        # the same configuration, the same estimate: a repeating simulator
+        ([seen(0, A, "estimate", 1.0), seen(1, A, "estimate", 1.0)], False),
+        ([seen(0, A, "estimate", 1.0), seen(1, A, "estimate", 1.3)], True),
+        # the raw simulator value decides where recorded: an ensemble refitted between the
+        # looks moves the estimate of a repeating simulator
+        ([seen(0, A, "estimate", 1.0, simulated=5.0), seen(1, A, "estimate", 1.3, simulated=5.0)],
+         False),
+        # a real run's recorded simulator value is a look too; its real score is not
+        ([seen(0, A, "real", 9.0, simulated=5.0), seen(1, A, "estimate", 4.0, simulated=4.0)],
+         True),
+        ([seen(0, A, "real", 9.0), seen(1, A, "estimate", 4.0)], None),
+        # one configuration that varied is enough, whatever the others did
+        ([seen(0, B, "estimate", 2.0), seen(1, B, "estimate", 2.0), seen(2, A, "estimate", 1.0),
+          seen(3, A, "estimate", 1.1)], True),
+        # no estimate at all (no pruner): nothing to say
+        ([seen(0, A, "real", 9.0), seen(1, A, "real", 9.5)], None),
+        ([seen(0, A, "estimate", float("nan")), seen(1, A, "estimate", 1.0)], None),
+    ],
+)
+def test_whether_the_simulator_varies_is_read_from_repeated_configurations(history, expected):
+    assert simulator_varies(history) is expected
+
+
+def test_exact_repeats_mark_the_estimates_with_the_trials_dense_values_of_a_repeating_simulator():
+    history = [seen(0, A, "estimate", 1.0), seen(1, A, "estimate", 1.0),
+               seen(2, A_OTHER_DENSE, "estimate", 0.8), seen(3, B, "real", 2.0)]
+    mask = exact_repeats(history, {"bucket_mb": 40.0}, DENSE)
+    # a real run is no estimate; an estimate with other dense values is another configuration
+    assert mask.tolist() == [True, True, False, False]
+
+
+def test_a_simulator_that_varies_or_is_not_known_yet_leaves_every_estimate_open():
+    varying = [seen(0, A, "estimate", 1.0), seen(1, A, "estimate", 1.2)]
+    unknown = [seen(0, A, "estimate", 1.0)]
+    for history in (varying, unknown):
+        assert exact_repeats(history, {"bucket_mb": 40.0}, DENSE) is None
+    assert isinstance(exact_repeats(varying[:1] * 2, {"bucket_mb": 40.0}, DENSE), np.ndarray)
