@@ -67,9 +67,10 @@ class AutoScoutSampler(BaseSampler):
        system attr ``autoscout:structure``; it takes PRUNED estimates as measurements while
        the pruner finds the simulator close to real runs, see its ``use_estimates``);
        ``model`` (step 6: the untried structure a Thompson draw of a log-additive model of
-       all scores ranks first (one only estimated, fewer than three times and never with the
-       trial's dense values, counts as untried: one noisy look does not write it off),
-       among those MCTS's feasibility model does not expect to fail:
+       all scores ranks first (one only estimated, fewer than three times, counts as
+       untried: one noisy look does not write it off; for a simulator that repeats itself,
+       only where those estimates had other dense values than the trial's), among those
+       MCTS's feasibility model does not expect to fail:
        :mod:`~autoscout_optuna.samplers._autoscout.surrogate`); optionally
        ``neighbour`` (the incumbent's structure with one structural param changed). Each
        finished trial rewards its arm by difference-in-differences
