@@ -108,6 +108,8 @@ def test_a_structure_seen_only_through_a_few_poor_estimates_can_be_proposed_agai
                 repeats=repeats,
             )
             chosen += proposal.values == best
+            if proposal.values == best:  # the record says it is a second look
+                assert proposal.as_dict()["earlier_estimates"] == looks
         picks[case] = chosen
     # one poor look does not write it off: the real runs' choices point back at it
     assert picks["one look"] >= 10

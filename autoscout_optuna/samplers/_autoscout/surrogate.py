@@ -69,10 +69,11 @@ class Proposal:
     predicted: float
     p_fail: float
     n_candidates: int
+    earlier_estimates: int = 0  # PRUNED trials of this structure: a second or third look
 
     def as_dict(self) -> dict[str, Any]:
         return {"predicted_z": round(self.predicted, 4), "p_fail": round(self.p_fail, 3),
-                "candidates": self.n_candidates}
+                "candidates": self.n_candidates, "earlier_estimates": self.earlier_estimates}
 
 
 def propose(
@@ -175,7 +176,9 @@ def propose_encoded(
         best = int(np.argmin(p_fail))
     values = {name: value_lists[j][candidates[best, j]] for j, name in enumerate(names)
               if candidates[best, j] >= 0}
-    return Proposal(values, float(predicted[best]), float(p_fail[best]), len(candidates))
+    earlier = int(np.all(codes[kind == "estimate"] == candidates[best], axis=1).sum())
+    return Proposal(values, float(predicted[best]), float(p_fail[best]), len(candidates),
+                    earlier)
 
 
 def settled_rows(
