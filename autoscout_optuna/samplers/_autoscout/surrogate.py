@@ -196,15 +196,14 @@ def settled_rows(
     counts as tried. ``repeats``: None, every row has the trial's dense values.
     """
     estimate = kind == "estimate"
-    if repeats is not None:
-        estimate &= ~np.asarray(repeats, dtype=bool)
-    if not estimate.any():
+    # the estimates that may be looked past: all of them but the exact repeats
+    open_looks = estimate if repeats is None else estimate & ~np.asarray(repeats, dtype=bool)
+    if not open_looks.any():
         return codes
-    _, inverse, counts = unique_rows(codes[kind == "estimate"])
+    _, inverse, counts = unique_rows(codes[estimate])
     looks = np.zeros(len(codes), dtype=np.int64)
-    looks[kind == "estimate"] = counts[inverse]
-    keep = ~estimate | (looks >= ESTIMATE_LOOKS)
-    return codes[keep]
+    looks[estimate] = counts[inverse]
+    return codes[~open_looks | (looks >= ESTIMATE_LOOKS)]
 
 
 def value_lookups(value_lists: Sequence[Sequence[Any]]) -> list[dict[Any, int]]:
