@@ -198,3 +198,32 @@ def test_a_small_structure_space_settles_sooner():
     # with "a" in the lead of two structures, one proposal of "b" settles it
     history, _, _ = history_of([("startup", "a", 0.5, 10.0), ("explore", "b", 0.5, 9.0)])
     assert planning.structure_settled(history, planning.settle_proposals(space(2)))
+
+
+def test_a_structure_estimated_once_is_looked_at_again_unless_the_estimate_was_measurement_grade():
+    # "d" was seen only through one poor estimate; the other layouts were run for real
+    from autoscout_optuna import _keys
+
+    def with_one_estimate(detail):
+        rows = start()[:3]
+        history, digest, _ = history_of(rows)
+        params = {"layout": "d", "x": 0.5}
+        estimate = Seen(
+            number=len(rows), params=params, distributions=DISTRIBUTIONS, kind="estimate",
+            score=0.5, user_attrs={_keys.SIM_ERROR_DETAIL: detail},
+            structure=(("layout", "'d'"),),
+            config=tuple(sorted((n, repr(v)) for n, v in params.items())), arm="model",
+        )
+        estimate = dataclasses.replace(estimate, gains=digest.add(estimate))
+        history.append(estimate)
+        return history, planning.observed_space(history, digest)
+
+    noisy = {"relative_error": 0.12, "discordance": 0.1}  # a noisy look: worth another
+    exact = {"relative_error": 0.02, "discordance": 0.1}  # as good as a real run: tried
+    proposals = {}
+    for name, detail in (("noisy", noisy), ("exact", exact)):
+        history, space = with_one_estimate(detail)
+        proposal = planning.model_proposal(history, space, np.random.default_rng(0))
+        proposals[name] = None if proposal is None else proposal.values
+    assert proposals["noisy"] == {"layout": "d"}
+    assert proposals["exact"] is None  # no untried structure left

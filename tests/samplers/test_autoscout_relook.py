@@ -7,14 +7,20 @@ import pytest
 
 from autoscout_optuna import _keys
 from autoscout_optuna.samplers._autoscout.reader import Seen
-from autoscout_optuna.samplers._autoscout.relook import exact_repeats, simulator_varies
+from autoscout_optuna.samplers._autoscout.relook import (
+    exact_repeats,
+    graded_estimates,
+    simulator_varies,
+)
 
 DENSE = ("bucket_mb",)
 
 
-def seen(number, params, kind, score, simulated=None):
+def seen(number, params, kind, score, simulated=None, detail=None):
     key = tuple(sorted((k, repr(v)) for k, v in params.items()))
     attrs = {} if simulated is None else {_keys.SIMULATED: simulated}
+    if detail is not None:
+        attrs[_keys.SIM_ERROR_DETAIL] = detail
     structure = tuple(item for item in key if item[0] not in DENSE)
     return Seen(number=number, params=params, distributions={}, kind=kind, score=score,
                 user_attrs=attrs, structure=structure, config=key, arm="model")
@@ -67,3 +73,17 @@ def test_a_simulator_that_varies_or_is_not_known_yet_leaves_every_estimate_open(
     for history in (varying, unknown):
         assert exact_repeats(history, {"bucket_mb": 40.0}, DENSE) is None
     assert isinstance(exact_repeats(varying[:1] * 2, {"bucket_mb": 40.0}, DENSE), np.ndarray)
+
+
+# the pruner's error check on a trial (``autoscout:sim_error_detail``): measurement grade is a
+# calibrated relative error of at most 5 % and a rank discordance of at most 0.25
+EXACT = {"relative_error": 0.02, "discordance": 0.1}
+NOISY = {"relative_error": 0.12, "discordance": 0.1}
+MISORDERED = {"relative_error": 0.02, "discordance": 0.4}
+
+
+def test_only_estimates_the_pruner_judged_measurement_grade_are_graded():
+    history = [seen(0, A, "estimate", 1.0, detail=EXACT), seen(1, A, "estimate", 1.0, detail=NOISY),
+               seen(2, B, "estimate", 2.0, detail=MISORDERED), seen(3, B, "estimate", 2.0),
+               seen(4, B, "real", 2.0, detail=EXACT), seen(5, B, "failed", None, detail=EXACT)]
+    assert graded_estimates(history).tolist() == [True, False, False, False, False, False]

@@ -15,6 +15,12 @@ repeating simulator costs one cheap simulated trial, not a real run). The raw si
 (user attr ``autoscout:simulated``, which ``fidelity.from_definition`` records) is compared
 where a trial has it, as an ensemble refitted between the looks moves the reported estimate
 of even a repeating simulator; otherwise the reported estimate of PRUNED trials.
+
+An estimate the pruner judged as good as a measurement when it was made (``graded_estimates``)
+is no noisy look at all: it keeps its structure tried, as a real run would. With a noiseless
+simulator (``fidelity-long``, training, 0 % noise, seeds 0-15) looking past such estimates
+cost the search: 99 % in 12 of 16 seeds after a median 57 real runs, against 11 after 43.5
+before second looks existed (2db7375).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from autoscout_optuna import _keys
+from autoscout_optuna._history import measurement_grade
 from autoscout_optuna.samplers._autoscout.reader import Seen
 from autoscout_optuna.samplers._mcts.encoding import value_key
 
@@ -46,6 +53,14 @@ def exact_repeats(
     return np.array([obs.kind == "estimate" and all(
         wanted.get(n, _MISSING) == value_key(v) for n, v in obs.params.items() if n in names
     ) for obs in history], dtype=bool)
+
+
+def graded_estimates(history: Sequence[Seen]) -> np.ndarray:
+    """Per trial, whether it is an estimate the pruner judged as good as a measurement when it
+    was made (:func:`autoscout_optuna._history.measurement_grade`): such an estimate is no
+    noisy look but as good as a real run, so it keeps its structure tried like one."""
+    return np.array([obs.kind == "estimate" and measurement_grade(
+        obs.user_attrs.get(_keys.SIM_ERROR_DETAIL)) for obs in history], dtype=bool)
 
 
 def simulator_varies(history: Sequence[Seen]) -> bool | None:
