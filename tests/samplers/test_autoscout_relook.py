@@ -10,6 +10,7 @@ from autoscout_optuna.samplers._autoscout.reader import Seen
 from autoscout_optuna.samplers._autoscout.relook import (
     exact_repeats,
     graded_estimates,
+    settling_estimates,
     simulator_varies,
 )
 
@@ -87,3 +88,19 @@ def test_only_estimates_the_pruner_judged_measurement_grade_are_graded():
                seen(2, B, "estimate", 2.0, detail=MISORDERED), seen(3, B, "estimate", 2.0),
                seen(4, B, "real", 2.0, detail=EXACT), seen(5, B, "failed", None, detail=EXACT)]
     assert graded_estimates(history).tolist() == [True, False, False, False, False, False]
+
+
+def test_settling_estimates_are_the_graded_ones_and_for_a_repeating_simulator_the_exact_repeats():
+    history = [seen(0, A, "estimate", 1.0, detail=NOISY), seen(1, A, "estimate", 1.0, detail=NOISY),
+               seen(2, A_OTHER_DENSE, "estimate", 0.8, detail=EXACT),
+               seen(3, B, "estimate", 2.0, detail=NOISY)]
+    dense = {"bucket_mb": 40.0}
+    # the simulator repeated itself on A: every estimate with the trial's dense values settles
+    # (B's too), and the graded one with other dense values
+    assert settling_estimates(history, dense, DENSE).tolist() == [True, True, True, True]
+    assert settling_estimates(history, {"bucket_mb": 10.0}, DENSE).tolist() == [
+        False, False, True, False]
+    # no dense values known: only the graded estimate settles
+    assert settling_estimates(history, None, DENSE).tolist() == [False, False, True, False]
+    varying = [*history[:1], seen(1, A, "estimate", 1.3, detail=NOISY), *history[2:]]
+    assert settling_estimates(varying, dense, DENSE).tolist() == [False, False, True, False]

@@ -99,13 +99,13 @@ def test_a_structure_seen_only_through_a_few_poor_estimates_can_be_proposed_agai
             keep = [i for i, r in enumerate(rows) if r != best]
             rows, kinds, scores = ([x[i] for i in keep] for x in (rows, kinds, scores))
             codes = surrogate.encode(NAMES, surrogate.value_lookups(VALUES), rows + [best] * looks)
-            repeats = np.zeros(len(codes), dtype=bool)
-            repeats[len(rows):] = same_dense
+            settled = np.zeros(len(codes), dtype=bool)
+            settled[len(rows):] = same_dense
             # the simulator's noise drew the best structure's estimates far too low
             proposal = surrogate.propose_encoded(
                 NAMES, VALUES, codes, kinds + ["estimate"] * looks,
                 scores + [0.5 * throughput(best)] * looks, {}, np.random.default_rng(seed),
-                repeats=repeats,
+                settled=settled,
             )
             chosen += proposal.values == best
             if proposal.values == best:  # the record says it is a second look

@@ -23,7 +23,7 @@ from autoscout_optuna.samplers._autoscout.did import (
 )
 from autoscout_optuna.samplers._autoscout.history_table import HistoryTable
 from autoscout_optuna.samplers._autoscout.reader import Seen, StudyDigest
-from autoscout_optuna.samplers._autoscout.relook import exact_repeats, graded_estimates
+from autoscout_optuna.samplers._autoscout.relook import settling_estimates
 from autoscout_optuna.samplers._autoscout.startup import infer_conditions, least_covered
 from autoscout_optuna.samplers._autoscout.surrogate import (
     ESTIMATE_WEIGHT,
@@ -405,25 +405,22 @@ def model_proposal(
     simulator's error is drawn per call (:mod:`~autoscout_optuna.samplers._autoscout.relook`).
     None: any estimate may be looked past. Either way an estimate the pruner judged
     measurement-grade leaves its structure tried, as a real run does (``relook``'s
-    :func:`~autoscout_optuna.samplers._autoscout.relook.graded_estimates`).
+    :func:`~autoscout_optuna.samplers._autoscout.relook.settling_estimates`).
     """
     names = list(space.structural)
     values = [discrete_values(space.distributions[n]) for n in names]
     inputs = (table or HistoryTable()).read(history, names, values)
     # without an estimate (no pruner) every row counts as tried: no need to read the history
-    repeats = None
+    settled = None
     if (inputs.kinds == "estimate").any():
-        repeats = graded_estimates(history)
-        exact = None if dense is None else exact_repeats(history, dense, space.dense)
-        if exact is not None:
-            repeats |= exact
+        settled = settling_estimates(history, dense, space.dense)
     return propose_encoded(names, values, inputs.codes, inputs.kinds, inputs.scores,
                            inputs.conditions, rng,
                            gram=weighted_gram(inputs.grams, estimate_weight),
                            positions=inputs.positions, broke_rule=inputs.broke_rule,
                            memory=inputs.memory if memory_model else None,
                            estimate_weight=estimate_weight,
-                           repeats=repeats)
+                           settled=settled)
 
 
 def _arm(obs: Seen) -> str:

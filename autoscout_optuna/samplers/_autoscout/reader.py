@@ -52,6 +52,13 @@ class Seen:
     arm: str
     gains: Mapping[str, float | None] = field(default_factory=dict)
 
+    @property
+    def graded(self) -> bool:
+        """An estimate the pruner judged as good as a measurement when it was made
+        (:func:`autoscout_optuna._history.measurement_grade` of its recorded error check)."""
+        return self.kind == "estimate" and measurement_grade(
+            self.user_attrs.get(_keys.SIM_ERROR_DETAIL))
+
 
 def seen_of(obs: Observation, gains: Mapping[str, float | None] | None = None) -> Seen:
     arm = obs.user_attrs.get(_keys.ARM)
@@ -97,9 +104,7 @@ class StudyDigest:
         # An estimate the pruner judged measurement-grade when it was made counts as a real
         # value (as coordinate descent takes it); any other stands in only for structures
         # never run for real (see ``Ledger``).
-        estimate = seen.kind == "estimate" and not measurement_grade(
-            seen.user_attrs.get(_keys.SIM_ERROR_DETAIL)
-        )
+        estimate = seen.kind == "estimate" and not seen.graded
         outcome = ArmOutcome(seen.arm, seen.structure, seen.score, estimate)
         gains = {e: self.ledger.gain(outcome, e) for e in ("did", "naive")}
         self.ledger.add(outcome)

@@ -16,7 +16,7 @@ repeating simulator costs one cheap simulated trial, not a real run). The raw si
 where a trial has it, as an ensemble refitted between the looks moves the reported estimate
 of even a repeating simulator; otherwise the reported estimate of PRUNED trials.
 
-An estimate the pruner judged as good as a measurement when it was made (``graded_estimates``)
+An estimate the pruner judged as good as a measurement when it was made (``Seen.graded``)
 is no noisy look at all: it keeps its structure tried, as a real run would. With a noiseless
 simulator (``fidelity-long``, training, 0 % noise, seeds 0-15) looking past such estimates
 cost the search: 99 % in 12 of 16 seeds after a median 57 real runs, against 11 after 43.5
@@ -32,12 +32,23 @@ from typing import Any
 import numpy as np
 
 from autoscout_optuna import _keys
-from autoscout_optuna._history import measurement_grade
 from autoscout_optuna.samplers._autoscout.reader import Seen
 from autoscout_optuna.samplers._mcts.encoding import value_key
 
 # Two looks closer than this (relative) are the same value: a repeating simulator's floats.
 SAME_VALUE = 1e-9
+
+
+def settling_estimates(
+    history: Sequence[Seen], dense: Mapping[str, Any] | None, dense_names: Sequence[str]
+) -> np.ndarray:
+    """Per trial, whether it is an estimate that keeps its structure tried as a real run does
+    (``surrogate.settled_rows``): a measurement-grade one (:func:`graded_estimates`), or one a
+    proposal with ``dense`` would repeat exactly (:func:`exact_repeats`; ``dense`` None: no
+    such repeat is known)."""
+    settled = graded_estimates(history)
+    exact = None if dense is None else exact_repeats(history, dense, dense_names)
+    return settled if exact is None else settled | exact
 
 
 def exact_repeats(
@@ -59,8 +70,7 @@ def graded_estimates(history: Sequence[Seen]) -> np.ndarray:
     """Per trial, whether it is an estimate the pruner judged as good as a measurement when it
     was made (:func:`autoscout_optuna._history.measurement_grade`): such an estimate is no
     noisy look but as good as a real run, so it keeps its structure tried like one."""
-    return np.array([obs.kind == "estimate" and measurement_grade(
-        obs.user_attrs.get(_keys.SIM_ERROR_DETAIL)) for obs in history], dtype=bool)
+    return np.array([obs.graded for obs in history], dtype=bool)
 
 
 def simulator_varies(history: Sequence[Seen]) -> bool | None:

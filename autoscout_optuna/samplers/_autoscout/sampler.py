@@ -69,7 +69,8 @@ class AutoScoutSampler(BaseSampler):
        ``model`` (step 6: the untried structure a Thompson draw of a log-additive model of
        all scores ranks first (one only estimated, fewer than three times, counts as
        untried: one noisy look does not write it off; for a simulator that repeats itself,
-       only where those estimates had other dense values than the trial's), among those
+       only where those estimates had other dense values than the trial's; an estimate the
+       pruner judged measurement-grade counts like a real run), among those
        MCTS's feasibility model does not expect to fail:
        :mod:`~autoscout_optuna.samplers._autoscout.surrogate`); optionally
        ``neighbour`` (the incumbent's structure with one structural param changed). Each

@@ -131,7 +131,7 @@ def propose_encoded(
     broke_rule: np.ndarray | None = None,
     memory: np.ndarray | None = None,
     estimate_weight: float = ESTIMATE_WEIGHT,
-    repeats: np.ndarray | None = None,
+    settled: np.ndarray | None = None,
 ) -> Proposal | None:
     """:func:`propose` on trials already encoded (``codes``, as :func:`encode` returns);
     ``gram``, where the caller keeps it, is :func:`weighted_gram` of these trials'
@@ -139,8 +139,8 @@ def propose_encoded(
     ``positions`` (:func:`ask_positions`) and ``broke_rule``, where given, let the feasibility
     model name the dead pairs of prefix failures and the patterns of rule failures;
     ``memory``, where given, fits its memory model (``_mcts/memory.py``);
-    ``repeats``, where given, marks the rows run with the dense values the trial gets (see
-    :func:`settled_rows`)."""
+    ``settled``, where given, marks the estimates that keep their structure tried as a real
+    run does (see :func:`settled_rows`)."""
     lookups = value_lookups(value_lists)
     kind = np.asarray(kinds, dtype=str)
     scored = _scored(kind)
@@ -158,7 +158,7 @@ def propose_encoded(
     templates = codes[np.flatnonzero(scored)[order[:N_TEMPLATES]]]
     candidates = make_candidates(templates, n_values, rng)
     candidates = apply_conditions(candidates, names, lookups, conditions)
-    candidates = untried(unique_rows(candidates)[0], settled_rows(codes, kind, repeats))
+    candidates = untried(unique_rows(candidates)[0], settled_rows(codes, kind, settled))
     if len(candidates) == 0:
         return None
     feasibility = fit_feasibility(
@@ -182,7 +182,7 @@ def propose_encoded(
 
 
 def settled_rows(
-    codes: np.ndarray, kind: np.ndarray, repeats: np.ndarray | None = None
+    codes: np.ndarray, kind: np.ndarray, settled: np.ndarray | None = None
 ) -> np.ndarray:
     """The rows that make a structure "tried": all but the estimates of a structure seen only
     through fewer than ``ESTIMATE_LOOKS`` of them, with other dense values than the trial's.
@@ -191,13 +191,15 @@ def settled_rows(
     simulator's noise low would otherwise never be proposed again, whatever the model learns
     of its choices later (``fidelity-long``, 20 % noise: the stalled seeds never returned to
     the optimum's structure after one poor estimate). Proposed again, it runs with the dense
-    values the trial gets; an estimate made with those very values (``repeats``) is the same
-    configuration, which a deterministic simulator would only score the same again, so it
-    counts as tried. ``repeats``: None, every row has the trial's dense values.
+    values the trial gets; an estimate made with those very values is the same
+    configuration, which a deterministic simulator would only score the same again, and an
+    estimate the pruner judged measurement-grade is as good as a real run: such estimates
+    (``settled``, per row; ``relook.settling_estimates``) count as tried at once. ``settled``
+    None: none does, every estimate may be looked past.
     """
     estimate = kind == "estimate"
-    # the estimates that may be looked past: all of them but the exact repeats
-    open_looks = estimate if repeats is None else estimate & ~np.asarray(repeats, dtype=bool)
+    # the estimates that may be looked past: all of them but the settled ones
+    open_looks = estimate if settled is None else estimate & ~np.asarray(settled, dtype=bool)
     if not open_looks.any():
         return codes
     _, inverse, counts = unique_rows(codes[estimate])
