@@ -90,3 +90,42 @@ def test_repeated_structures_are_one_anchor_and_blocks_give_the_same_answer(monk
     for got, want in zip(repeated.verdicts(candidates), expected, strict=True):
         np.testing.assert_array_equal(got, want)
     assert expected[0].any() and expected[1].any()  # both verdicts occur
+
+
+def _dominates(heavy, light, heaviness) -> bool:
+    """The rule, cell by cell: in every column equal codes (not OTHER), or both ordered and
+    ``heavy``'s value at least as heavy."""
+    for column, (a, b) in enumerate(zip(heavy, light, strict=True)):
+        if a == b and a != OTHER:
+            continue
+        if a >= 0 and b >= 0 and heaviness[column, a] >= heaviness[column, b]:
+            continue
+        return False
+    return True
+
+
+def test_verdicts_agree_with_the_rule_pair_by_pair():
+    # The verdicts compare packed bit masks per column; on random tables they must say what
+    # comparing every candidate with every anchor says, absent, OTHER and unordered included.
+    rng = np.random.default_rng(3)
+    verdicts_seen = 0
+    for _ in range(60):
+        sizes = rng.integers(1, 6, size=rng.integers(1, 6))
+        numeric = [np.sort(rng.choice(20, n, replace=False)).astype(float)
+                   if rng.random() < 0.6 else None for n in sizes]
+        weights = [rng.normal(size=n) for n in sizes]
+        n_rows = int(rng.integers(1, 40))
+        codes = np.column_stack([rng.integers(OTHER, n, n_rows) for n in sizes])
+        failed = rng.random(n_rows) < 0.4
+        model = fit_dominance(codes, numeric, weights, failed, ~failed)
+        candidates = np.column_stack([rng.integers(OTHER, n, 50) for n in sizes])
+        fails, fits = model.verdicts(candidates)
+        h = model.heaviness
+        for row, fail, fit in zip(candidates, fails, fits, strict=True):
+            assert fail == any(_dominates(row, f, h) for f in model.failures)
+            assert fit == any(_dominates(s, row, h) for s in model.successes)
+        verdicts_seen += int(fails.sum() + fits.sum())
+        # the anchors kept are exactly those no anchor of the other kind contradicts
+        for f in model.failures:
+            assert not any(_dominates(s, f, h) for s in model.successes)
+    assert verdicts_seen > 100
