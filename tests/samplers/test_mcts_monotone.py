@@ -6,7 +6,7 @@ import numpy as np
 
 from autoscout_optuna.samplers._mcts.feasibility import DOMINATED_P_FAIL, fit_feasibility
 from autoscout_optuna.samplers._mcts.monotone import fit_dominance
-from autoscout_optuna.samplers._mcts.tree import ABSENT, OTHER
+from autoscout_optuna.samplers._mcts.tree import ABSENT, OTHER, unique_rows
 
 # Two numeric columns (micro-batch 1/2/4/8, shards 1/2/4) and one of strings (3 values).
 NUMERIC = [np.array([1.0, 2.0, 4.0, 8.0]), np.array([1.0, 2.0, 4.0]), None]
@@ -126,6 +126,10 @@ def test_verdicts_agree_with_the_rule_pair_by_pair():
             assert fit == any(_dominates(s, row, h) for s in model.successes)
         verdicts_seen += int(fails.sum() + fits.sum())
         # the anchors kept are exactly those no anchor of the other kind contradicts
-        for f in model.failures:
-            assert not any(_dominates(s, f, h) for s in model.successes)
+        failures, successes = unique_rows(codes[failed])[0], unique_rows(codes[~failed])[0]
+        kept_failures = [f for f in failures if not any(_dominates(s, f, h) for s in successes)]
+        kept_successes = [s for s in successes if not any(_dominates(s, f, h) for f in failures)]
+        np.testing.assert_array_equal(model.failures, np.reshape(kept_failures, (-1, len(sizes))))
+        np.testing.assert_array_equal(model.successes,
+                                      np.reshape(kept_successes, (-1, len(sizes))))
     assert verdicts_seen > 100
