@@ -17,10 +17,21 @@ def optimum_key(study_name: str, options: Mapping[str, Any]) -> str:
 
 def stored_optimum(key: str) -> float | None:
     """The stored optimum for ``key``, or None where none was enumerated."""
+    entry = _stored_entry(key)
+    return None if entry is None else float(entry["value"])
+
+
+def stored_config(key: str) -> dict[str, Any] | None:
+    """The config that reaches the stored optimum for ``key``, or None where none was
+    enumerated."""
+    entry = _stored_entry(key)
+    return None if entry is None else dict(entry["config"])
+
+
+def _stored_entry(key: str) -> dict[str, Any] | None:
     if not OPTIMA_PATH.is_file():
         return None
-    entry = json.loads(OPTIMA_PATH.read_text()).get(key)
-    return None if entry is None else float(entry["value"])
+    return json.loads(OPTIMA_PATH.read_text()).get(key)
 
 
 def store_optimum(key: str, value: float, config: Mapping[str, Any]) -> None:
