@@ -23,13 +23,13 @@ from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
-from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial
 
 from autoscout_optuna._history import decision_number
 from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._space import contains, from_unit, is_structural
 from autoscout_optuna._storage import get_fresh_trial
+from autoscout_optuna.samplers._independent import IndependentSampler
 
 PLAN_KEY = "autoscout:plan"
 
@@ -70,7 +70,7 @@ class PlanCache:
         self.entries.pop(trial._trial_id, None)
 
 
-class TransplantSampler(BaseSampler):
+class TransplantSampler(IndependentSampler):
     """Independent sampler that plays the orchestrator's plan (see module doc).
 
     Args:
@@ -84,16 +84,6 @@ class TransplantSampler(BaseSampler):
 
     def reseed_rng(self) -> None:
         self._seed = resolve_seed(None)
-
-    def infer_relative_search_space(
-        self, study: optuna.Study, trial: FrozenTrial
-    ) -> dict[str, BaseDistribution]:
-        return {}
-
-    def sample_relative(
-        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
-    ) -> dict[str, Any]:
-        return {}
 
     def sample_independent(
         self,

@@ -19,6 +19,7 @@ from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._space import MAX_STRUCTURAL_LEVELS, contains, from_unit, is_structural
 from autoscout_optuna._space import to_unit as _to_unit
 from autoscout_optuna.samplers._coordinate import prior, search
+from autoscout_optuna.samplers._independent import IndependentSampler
 
 _MAX_OPEN_PLANS = 256  # plans of trials in flight kept in memory (one per running trial)
 _KINDS = {"real": search.REAL, "estimate": search.ESTIMATE, "failed": search.FAILED,
@@ -27,7 +28,7 @@ _TRUSTED_KINDS = dict(_KINDS, estimate=search.REAL)  # estimates count as measur
 _LINE_PHASES = ("probe", "step")  # moves along one coordinate from a center
 
 
-class CoordinateDescentSampler(BaseSampler):
+class CoordinateDescentSampler(IndependentSampler):
     """Stochastic coordinate descent on the dense knobs, with the structure held fixed.
 
     Each trial moves one dense coordinate of the current center (in the unit cube: log knobs in
@@ -117,6 +118,8 @@ class CoordinateDescentSampler(BaseSampler):
     # Decisions depend only on (seed, decision number, non-orphaned history): after a worker
     # dies, the next trial re-proposes the orphan's configuration (see ``_recovery``).
     reproposes_orphans = True
+    # refuse a multi-objective study before the first param (see ``IndependentSampler``)
+    single_objective_only = True
 
     def __init__(
         self,
@@ -171,17 +174,6 @@ class CoordinateDescentSampler(BaseSampler):
         return state
 
     # ---- Optuna hooks -------------------------------------------------------------------
-
-    def infer_relative_search_space(
-        self, study: optuna.Study, trial: FrozenTrial
-    ) -> dict[str, BaseDistribution]:
-        return {}
-
-    def sample_relative(
-        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
-    ) -> dict[str, Any]:
-        _validate.single_objective(study, type(self).__name__)
-        return {}
 
     def sample_independent(
         self,

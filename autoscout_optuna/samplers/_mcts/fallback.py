@@ -6,16 +6,16 @@ from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
-from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial
 
 from autoscout_optuna._history import decision_number, read_history
 from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._space import contains, from_unit
 from autoscout_optuna._storage import study_directions
+from autoscout_optuna.samplers._independent import IndependentSampler
 
 
-class IncumbentOrUniformSampler(BaseSampler):
+class IncumbentOrUniformSampler(IndependentSampler):
     """Reuse the best value seen under the same structure, or draw uniformly.
 
     Why this default: MCTS compares structures; a dense knob drawn afresh every trial adds
@@ -38,12 +38,6 @@ class IncumbentOrUniformSampler(BaseSampler):
 
     def reseed_rng(self) -> None:
         self._seed = resolve_seed(None)
-
-    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict:
-        return {}
-
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict) -> dict:
-        return {}
 
     def sample_independent(
         self,

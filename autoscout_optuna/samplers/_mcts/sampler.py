@@ -25,6 +25,7 @@ from autoscout_optuna._storage import (
     set_user_attr,
     study_id,
 )
+from autoscout_optuna.samplers._independent import IndependentSampler
 from autoscout_optuna.samplers._mcts.descent import TreePolicy
 from autoscout_optuna.samplers._mcts.encoding import ORDER_KEY, Table, TableBuilder
 from autoscout_optuna.samplers._mcts.fallback import IncumbentOrUniformSampler
@@ -64,7 +65,7 @@ class _TrialRecord:
     used_fallback: bool = False
 
 
-class MCTSSampler(BaseSampler):
+class MCTSSampler(IndependentSampler):
     """Monte Carlo tree search over the structural params of a define-by-run space.
 
     Structural params (categoricals and small discrete domains) are the levels of a tree and a
@@ -150,6 +151,8 @@ class MCTSSampler(BaseSampler):
     # Decisions depend only on (seed, decision number, non-orphaned history): after a worker
     # dies, the next trial re-proposes the orphan's configuration (see ``_recovery``).
     reproposes_orphans = True
+    # refuse a multi-objective study before the first param (see ``IndependentSampler``)
+    single_objective_only = True
 
     def __init__(
         self,
@@ -235,16 +238,6 @@ class MCTSSampler(BaseSampler):
         return is_structural(distribution)
 
     # -- Optuna hooks ----------------------------------------------------------------------
-    def infer_relative_search_space(
-        self, study: optuna.Study, trial: FrozenTrial
-    ) -> dict[str, BaseDistribution]:
-        return {}
-
-    def sample_relative(
-        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
-    ) -> dict[str, Any]:
-        _validate.single_objective(study, type(self).__name__)
-        return {}
 
     def sample_independent(
         self,
