@@ -511,3 +511,30 @@ def test_a_report_warns_once_of_a_beaten_optimum(tmp_path):
     stale = [w for w in caught if "stored optimum" in str(w.message)]
     assert len(stale) == 1  # the summary and the plot share one frame
     assert "**beaten by a run** (1.0500x)" in (tmp_path / "summary.md").read_text()
+
+
+def test_fixed_layout_studies_take_the_stored_optimums_structure_and_can_reach_it():
+    from autoscout_optuna.studies._optima import optimum_key, stored_config
+
+    from autoscout_optuna import studies
+    from autoscout_optuna.benchmark.suites import coordinate
+
+    fixed = coordinate.fixed_studies()
+    assert [d.name for d in fixed] == list(coordinate.FIXED_LAYOUT_STUDIES)
+    for definition in fixed:
+        free = studies.load(definition.name)
+        config = stored_config(optimum_key(free.name, free.options))
+        # the stored optimum's config is a point of the fixed study, at the optimum's value
+        replayed = definition.suggest(optuna.trial.FixedTrial(config))
+        assert definition.measure(replayed, None) == pytest.approx(definition.optimum, rel=1e-9)
+        # and the layout holds every structural param that config asks, none of the dense ones
+        layout = definition.options["fixed"]
+        assert layout == coordinate.optimum_layout(free)
+        assert all(config[name] == value for name, value in layout.items())
+        assert not {"max_num_seqs", "bucket_size_mb", "comm_sms"} & set(layout)
+
+
+def test_a_study_without_a_stored_optimum_has_no_fixed_layout():
+    from autoscout_optuna.benchmark.suites import coordinate
+
+    assert coordinate.optimum_layout(toy_definition()) is None

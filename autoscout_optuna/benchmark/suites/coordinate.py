@@ -14,22 +14,35 @@ from typing import Any
 
 import optuna
 
+from autoscout_optuna._space import is_structural
 from autoscout_optuna._study_definition import StudyDefinition
 from autoscout_optuna.benchmark import functions
 from autoscout_optuna.benchmark._harness import Contender, Suite
 from autoscout_optuna.samplers._coordinate.sampler import CoordinateDescentSampler
 
-#: The structural values of each study's optimum (``studies/_optima.json``, found by enumeration),
-#: so only the dense knobs are left to tune and the study's optimum is still reachable.
-GOOD_LAYOUTS: dict[str, dict[str, Any]] = {
-    # llama3-8b on 64 H100: pure data parallel; dense: bucket_size_mb (log), comm_sms (int).
-    "llm_training": dict(tp=1, pp=1, micro_batch=1, recompute="none", zero_stage=2,
-                         overlap_grad_reduce=True, cuda_graphs=True),
-    # llama3-70b, TP4 replicas; dense: max_num_seqs, max_num_batched_tokens,
-    # long_prefill_threshold (log ints), gpu_memory_utilization (float, OOM above the limit).
-    "llm_serving": dict(tp=4, pp=1, chunked_prefill=True, block_size=16, cuda_graphs=True,
-                        prefix_caching=True, speculative=True, num_speculative_tokens=1),
-}
+#: The LLM studies searched with their structure fixed at their optimum's layout.
+FIXED_LAYOUT_STUDIES = ("llm_training", "llm_serving")
+
+
+def optimum_layout(definition: StudyDefinition) -> dict[str, Any] | None:
+    """The structural params of ``definition``'s stored optimum (``studies/_optima.json``,
+    found by enumeration), or None where none is stored.
+
+    Read from the stored config itself, so a re-enumerated optimum moves the fixed layout
+    with it and the fixed study keeps its optimum reachable: the config is replayed through
+    the study's space, and the params it asks that are structural are the layout (on the
+    stored studies: llama3-8b training pure data-parallel; llama3-70b served by TP4 replicas
+    with one speculative token).
+    """
+    from autoscout_optuna.studies._optima import optimum_key, stored_config
+
+    config = stored_config(optimum_key(definition.name, definition.options))
+    if config is None:
+        return None
+    trial = optuna.trial.FixedTrial(config)
+    definition.suggest(trial)
+    return {name: trial.params[name] for name, distribution in trial.distributions.items()
+            if is_structural(distribution)}
 
 
 def _coordinate(seed: int, rule: str) -> optuna.samplers.BaseSampler:
@@ -63,9 +76,12 @@ def fixed_studies() -> list[StudyDefinition]:
     from autoscout_optuna import studies
 
     out = []
-    for name, layout in GOOD_LAYOUTS.items():
-        if name in studies.names():
-            free = studies.load(name)
+    for name in FIXED_LAYOUT_STUDIES:
+        if name not in studies.names():
+            continue
+        free = studies.load(name)
+        layout = optimum_layout(free)
+        if layout is not None:
             fixed = studies.load(name, fixed=layout)
             out.append(dataclasses.replace(fixed, optimum=free.optimum))
     return out
