@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from autoscout_optuna import Infeasible
+from autoscout_optuna._space import is_structural
 from autoscout_optuna._study_definition import StudyDefinition
 from autoscout_optuna.benchmark import Contender, Suite, TimedSampler, _report, main, run_suite
 
@@ -531,6 +532,10 @@ def test_fixed_layout_studies_take_the_stored_optimums_structure_and_can_reach_i
         layout = definition.options["fixed"]
         assert layout == coordinate.optimum_layout(free)
         assert all(config[name] == value for name, value in layout.items())
+        asked = optuna.trial.FixedTrial(config)
+        free.suggest(asked)
+        structural = {n for n, d in asked.distributions.items() if is_structural(d)}
+        assert set(layout) == structural and len(structural) < len(asked.params)
         assert not {"max_num_seqs", "bucket_size_mb", "comm_sms"} & set(layout)
 
 
