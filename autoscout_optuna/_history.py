@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -101,18 +101,25 @@ def observation_of(trial: FrozenTrial, direction: StudyDirection) -> Observation
     )
 
 
-def read_history(study: optuna.Study, exclude: FrozenTrial | None = None) -> list[Observation]:
+def read_history(
+    study: optuna.Study,
+    exclude: FrozenTrial | None = None,
+    states: Container[TrialState] | None = None,
+) -> list[Observation]:
     """Every trial of a single-objective study as an :class:`Observation`, oldest first.
 
     Args:
         study: The study.
         exclude: The trial being sampled right now (it is RUNNING but is not "another worker").
+        states: Only the trials in these states (None: all). A reader that wants the real runs
+            alone asks for COMPLETE ones: building an observation of every trial, for each
+            estimate, cost the simulator ensemble ~4 ms per estimate at 1,000 trials.
     """
     direction = study.direction
     skip = None if exclude is None else exclude.number
     return [
         observation_of(t, direction)
-        for t in get_trials(study)
+        for t in get_trials(study, states)
         if t.number != skip and not t.system_attrs.get(ORPHANED)
     ]
 

@@ -53,6 +53,15 @@ def test_exclude_skips_the_trial_being_sampled():
     assert all(o.number != running.number for o in read_history(study, exclude=running))
 
 
+def test_states_reads_only_those_trials_in_order():
+    study = _study("maximize")
+    complete = read_history(study, states=(TrialState.COMPLETE,))
+    assert [(o.number, o.kind) for o in complete] == [(0, "real"), (5, "real")]
+    assert [o.number for o in read_history(study, states=(TrialState.PRUNED,))] == [1, 4]
+    assert [o.number for o in read_history(study, states=(TrialState.FAIL,))] == [2, 3]
+    assert read_history(study, states=()) == []
+
+
 def _study_with_rank_checks(discordances):
     """One trial per value; a float is recorded as the pruner records its rank check."""
     study = optuna.create_study()

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import optuna
+from optuna.trial import TrialState
 
 from autoscout_optuna import _keys, _validate
 from autoscout_optuna._history import orient, read_history
@@ -41,7 +42,7 @@ class StudyEnsembleEstimator:
     def fit(self, study: optuna.Study, exclude: int | None = None) -> SimulatorEnsemble:
         """The ensemble fitted on ``study``'s real runs (trial ``exclude`` left out)."""
         configs, simulated, real, selected = [], [], [], []
-        for observation in read_history(study):
+        for observation in read_history(study, states=(TrialState.COMPLETE,)):
             if observation.kind != "real" or observation.number == exclude:
                 continue
             raw = observation.user_attrs.get(_keys.SIMULATED)
