@@ -21,10 +21,10 @@ def stored_optimum(key: str) -> float | None:
     return None if entry is None else float(entry["value"])
 
 
-def stored_config(key: str) -> dict[str, Any] | None:
-    """The config that reaches the stored optimum for ``key``, or None where none was
-    enumerated."""
-    entry = _stored_entry(key)
+def stored_config(study_name: str, options: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The config that reaches the stored optimum of a study with these resolved options (a
+    definition's ``name`` and ``options``), or None where none was enumerated."""
+    entry = _stored_entry(optimum_key(study_name, options))
     return None if entry is None else dict(entry["config"])
 
 

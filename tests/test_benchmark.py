@@ -515,7 +515,7 @@ def test_a_report_warns_once_of_a_beaten_optimum(tmp_path):
 
 
 def test_fixed_layout_studies_take_the_stored_optimums_structure_and_can_reach_it():
-    from autoscout_optuna.studies._optima import optimum_key, stored_config
+    from autoscout_optuna.studies._optima import stored_config
 
     from autoscout_optuna import studies
     from autoscout_optuna.benchmark.suites import coordinate
@@ -524,7 +524,7 @@ def test_fixed_layout_studies_take_the_stored_optimums_structure_and_can_reach_i
     assert [d.name for d in fixed] == list(coordinate.FIXED_LAYOUT_STUDIES)
     for definition in fixed:
         free = studies.load(definition.name)
-        config = stored_config(optimum_key(free.name, free.options))
+        config = stored_config(free.name, free.options)
         # the stored optimum's config is a point of the fixed study, at the optimum's value
         replayed = definition.suggest(optuna.trial.FixedTrial(config))
         assert definition.measure(replayed, None) == pytest.approx(definition.optimum, rel=1e-9)

@@ -13,7 +13,7 @@ from _sampling import (
     simulator_agreement,
     suggest_fixed,
 )  # tests/studies/
-from autoscout_optuna.studies._optima import optimum_key, stored_config
+from autoscout_optuna.studies._optima import stored_config
 
 from autoscout_optuna import studies
 from autoscout_optuna._enumerate import find_optimum
@@ -207,7 +207,7 @@ def test_goodput_climbs_smoothly_to_the_stored_optimum_along_max_num_seqs():
     sequence of ``max_num_seqs``: a scan of 40 levels 24 % apart made it a step function, 3 %
     higher in a band four sequences wide (an island no dense search could climb to)."""
     definition = studies.load("llm_serving")
-    best = stored_config(optimum_key(definition.name, definition.options))
+    best = stored_config(definition.name, definition.options)
     values = []
     for max_num_seqs in range(int(best["max_num_seqs"] * 0.8), best["max_num_seqs"] + 1):
         values.append(definition.measure(dict(best, max_num_seqs=max_num_seqs), None))

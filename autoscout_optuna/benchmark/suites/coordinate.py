@@ -34,9 +34,9 @@ def optimum_layout(definition: StudyDefinition) -> dict[str, Any] | None:
     stored studies: llama3-8b training pure data-parallel; llama3-70b served by TP4 replicas
     with one speculative token).
     """
-    from autoscout_optuna.studies._optima import optimum_key, stored_config
+    from autoscout_optuna.studies._optima import stored_config
 
-    config = stored_config(optimum_key(definition.name, definition.options))
+    config = stored_config(definition.name, definition.options)
     if config is None:
         return None
     trial = optuna.trial.FixedTrial(config)
