@@ -4,8 +4,8 @@ Suites:
 
 - ``autoscout``: AutoScoutSampler vs random, TPE, GP and CMA-ES on the reference studies, plus
   the ablations the paper reports (fixed alternation instead of the bandit, no dense optimizer,
-  no feature prioritization, naive reward instead of difference-in-differences), and blind
-  start-up coverage instead of MCTS's.
+  no feature prioritization, naive reward instead of difference-in-differences), blind
+  start-up coverage instead of MCTS's, and the opt-in variants (neighbour arm, memory model).
 - ``autoscout-long``: AutoScout, AutoScout without the model arm, MCTSSampler alone, TPE,
   CMA-ES and random search with ``LONG_TRIALS`` trials, for the trials to 99 % that 100
   trials censor.
@@ -45,6 +45,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "ablation: no model arm": {"model_arm": False},
     "variant: model arm once the local searches are spent": {"model_after": 30},
     "ablation: blind start-up coverage": {"startup": "coverage"},
+    "variant: memory model": {"memory_model": True},
 }
 
 
@@ -205,7 +206,9 @@ def suites(quick: bool = False) -> list[Suite]:
                 "26); the "
                 "optional neighbour arm (one structural change of the incumbent); start-up "
                 "coverage blind to failures (each structural param its least-tried value) "
-                "instead of MCTS's; and MCTSSampler alone. AutoScout and every baseline "
+                "instead of MCTS's; the optional memory model (P(out of memory) also from "
+                "the peak memory the training studies report); and MCTSSampler alone. "
+                "AutoScout and every baseline "
                 "again from the expert config (the study's default config run as trial 0, as "
                 "a user would enqueue the config they run today). "
                 "Scored on the noiseless "
