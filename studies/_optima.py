@@ -15,9 +15,10 @@ def optimum_key(study_name: str, options: Mapping[str, Any]) -> str:
     return f"{study_name}:" + json.dumps(dict(options), sort_keys=True)
 
 
-def stored_optimum(key: str) -> float | None:
-    """The stored optimum for ``key``, or None where none was enumerated."""
-    entry = _stored_entry(key)
+def stored_optimum(study_name: str, options: Mapping[str, Any]) -> float | None:
+    """The stored optimum of a study with these resolved options, or None where none was
+    enumerated."""
+    entry = _stored_entry(optimum_key(study_name, options))
     return None if entry is None else float(entry["value"])
 
 

@@ -38,7 +38,7 @@ from autoscout_optuna._study_definition import Knobs, StudyDefinition
 from . import _serving_model
 from ._hardware import gpu_spec
 from ._models import model_shape
-from ._optima import optimum_key, stored_optimum
+from ._optima import stored_optimum
 
 NAME = "llm_serving"
 
@@ -194,7 +194,7 @@ def definition(
         measure=measure,
         simulate=simulate,
         default_config=expert_config(base),
-        optimum=stored_optimum(optimum_key(NAME, options)),
+        optimum=stored_optimum(NAME, options),
         description=(
             f"{base['model']} served on {base['gpus_per_node']}x {base['gpu']} "
             f"(p99 TTFT {base['ttft_slo_ms']:.0f} ms, TPOT {base['tpot_slo_ms']:.0f} ms)"

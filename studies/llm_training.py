@@ -39,7 +39,7 @@ from autoscout_optuna._study_definition import Knobs, StudyDefinition
 from . import _training_model
 from ._hardware import GPUS_PER_NODE, gpu_spec
 from ._models import model_shape
-from ._optima import optimum_key, stored_optimum
+from ._optima import stored_optimum
 
 NAME = "llm_training"
 
@@ -238,7 +238,7 @@ def definition(
         simulate=simulate,
         memory_use=memory_use,
         default_config=expert_config(**base),
-        optimum=stored_optimum(optimum_key(NAME, options)),
+        optimum=stored_optimum(NAME, options),
         description=(
             f"{base['model']} pre-training on {base['num_gpus']}x {base['gpu']} "
             f"(global batch {base['global_batch']} x {base['seq_len']} tokens)"
