@@ -125,6 +125,13 @@ class FidelityPruner(BasePruner):
             real run yet against the incumbent structure's *first* real value instead of the
             best real value: difference-in-differences, a structure at its stage 0 of dense
             tuning against the incumbent at its stage 0, as ``AutoScoutSampler`` credits it.
+            Against the best real value, a new structure's estimate (at dense values it
+            inherited, untuned) competes with the incumbent's luckiest measurement after its
+            dense tuning, and a structure that would win once tuned is pruned before it gets a
+            look. ``fidelity-long`` at 20 % noise (training), paired on held-out seeds 32-95:
+            99 % of the optimum in 55 of 64 seeds instead of 48, after a median 108.5 real runs
+            instead of 124 (mean log ratio per seed -0.167 +- 0.085); level on the tuning seeds
+            0-31. False: the best real value.
         real_for_measured_structures: Run for real a trial whose structure already has a real
             run while the simulator is short of measurement grade (calibrated relative error
             above 5 % or rank discordance above 0.25, the limits under which the samplers take
@@ -159,7 +166,7 @@ class FidelityPruner(BasePruner):
         trust_confidence: float | None = 0.9,
         min_pairs: int = 5,
         selection_aware: bool = False,
-        new_structure_control: bool = False,
+        new_structure_control: bool = True,
         real_for_measured_structures: bool = False,
     ) -> None:
         _validate.reals(error_threshold=error_threshold, rank_tolerance=rank_tolerance,

@@ -293,11 +293,11 @@ def test_new_structure_is_judged_against_the_incumbent_structure_at_its_first_ru
         return decision.reason
 
     # A new structure "b" estimated at 0.7, above "a"'s first 0.5 but below the best 1.0.
-    assert judged("b", 0.7) == "not_promising"
-    assert judged("b", 0.7, new_structure_control=True) == "could_beat_best"
-    assert judged("b", 0.4, new_structure_control=True) == "not_promising"
+    assert judged("b", 0.7, new_structure_control=False) == "not_promising"
+    assert judged("b", 0.7) == "could_beat_best"  # the default
+    assert judged("b", 0.4) == "not_promising"
     # A structure with a real run keeps the best real value as its bar.
-    assert judged("a", 0.7, new_structure_control=True) == "not_promising"
+    assert judged("a", 0.7) == "not_promising"
 
 
 @pytest.mark.parametrize("rule", [True, False])
