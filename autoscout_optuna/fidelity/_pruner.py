@@ -48,7 +48,7 @@ class FidelityPruner(BasePruner):
     * the estimate, calibrated and given the benefit of the doubt (``optimism`` times the
       recent relative error), could beat the best real value so far (``could_beat_best``; a
       structure with no real run yet is held to the incumbent structure's first real value
-      with ``new_structure_control``),
+      instead, ``new_structure_control``, on by default),
     * optionally, the estimate ranks in the best ``top_fraction`` of all estimates so far,
     * optionally, the trial's structure (its structural params) already has a real run while
       the simulator is short of measurement grade (``real_for_measured_structures``),
