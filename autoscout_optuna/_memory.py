@@ -6,7 +6,9 @@ reference training study do). With ``memory_model=True`` (``AutoScoutSampler``,
 ``MCTSSampler``), MCTS and the model arm then learn how memory grows with each structural
 choice and avoid structures that would not fit before running them
 (``samplers/_mcts/memory.py``); a trial that ran out of memory says so with
-``failure_reason = "oom"`` (:class:`~autoscout_optuna.Infeasible`), as before.
+``failure_reason = "oom"`` (:class:`~autoscout_optuna.Infeasible`), as before. With a
+``memory_estimate`` (``samplers/_mcts/estimate.py``) the measured peaks calibrate the estimate,
+and the failures that ran out of memory are the estimate's to explain.
 """
 
 from __future__ import annotations
@@ -15,12 +17,17 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from autoscout_optuna._keys import MEMORY_USE
+from autoscout_optuna._keys import FAILURE_REASON, MEMORY_USE
+
+OUT_OF_MEMORY = "oom"
 
 
 def memory_use(kind: str, user_attrs: Mapping[str, Any]) -> float:
-    """The peak memory over capacity a trial that ran (``kind`` ``"real"``) reported; NaN
+    """The peak memory over capacity a trial that ran (``kind`` ``"real"``) reported; infinity
+    for a failed trial whose reason is ``"oom"`` (over capacity, by an unknown amount); NaN
     where it reported none, or something that is not a positive finite number."""
+    if kind == "failed" and user_attrs.get(FAILURE_REASON) == OUT_OF_MEMORY:
+        return math.inf
     value = user_attrs.get(MEMORY_USE)
     if kind != "real" or isinstance(value, bool) or not isinstance(value, (int, float)):
         return math.nan

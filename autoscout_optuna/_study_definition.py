@@ -48,6 +48,10 @@ class StudyDefinition:
             runner measures and reports). Objectives record it as user attr ``memory_use`` on
             each trial that ran; with ``memory_model=True`` the samplers learn from it which
             structures would not fit (:mod:`autoscout_optuna._memory`).
+        memory_estimate: Optional ``memory_estimate(params)``: what a memory formula says of
+            a structure's peak (a fraction of capacity) from its structural params, before it
+            runs; the samplers' ``memory_estimate`` option
+            (:mod:`autoscout_optuna.samplers._mcts.estimate`). None where it cannot say.
     """
 
     name: str
@@ -63,6 +67,7 @@ class StudyDefinition:
     options: Mapping[str, Any] = field(default_factory=dict)
     measure_trial: Callable[[Any, Mapping[str, Any]], float] | None = None
     memory_use: Callable[[Mapping[str, Any]], float] | None = None
+    memory_estimate: Callable[[Mapping[str, Any]], float | None] | None = None
 
     def __post_init__(self) -> None:
         if self.direction not in ("maximize", "minimize"):

@@ -162,7 +162,8 @@ def _run(args: argparse.Namespace) -> int:
         storage=storage,
         study_name=study_name,
         direction=definition.direction,
-        sampler=AutoScoutSampler(seed=args.seed),
+        # a study's memory formula, where it has one, tells the samplers what would not fit
+        sampler=AutoScoutSampler(seed=args.seed, memory_estimate=definition.memory_estimate),
         pruner=FidelityPruner() if definition.simulate is not None else None,
         load_if_exists=True,
     )

@@ -18,20 +18,25 @@ communication, bucketed gradient reduction, SM sharing between NCCL and compute,
 with interleaving and stage imbalance from the LM head, ZeRO/recompute/SP-aware memory with
 logits and fragmentation, kernel-launch overhead without CUDA graphs), with seeded multiplicative
 noise; ``simulate`` is the coarse estimate (6*N*D FLOPs at a flat efficiency, exposed comm at
-nominal bandwidth, crude bubble, a textbook activation formula). We checked published models
-first: ``llm-analysis`` has a good memory model but its step time ignores TP/PP/micro-batch/ZeRO
-communication, and it pins ``transformers<5``/``huggingface-hub<0.15``; GenZ (``genz-llm``) is
-inference-only and pulls plotting stacks with per-call pandas work; Vidur needs profiled kernel
-tables and simulates events (seconds per call). None fits a reference called 10^5-10^6 times,
-so the reference is ours, built from the published formulas (Narayanan et al. 2021 for the
-interleaved 1F1B schedule, Korthikanti et al. 2022 for activation memory, Rajbhandari et al. 2020
-for ZeRO volumes).
+nominal bandwidth, crude bubble, a textbook activation formula). ``memory_estimate`` is what a
+practitioner's memory formula says of a structure before it runs (Megatron-LM's theoretical
+memory, ``_training_model.theoretical_memory_gb``), for the samplers' ``memory_estimate``. We
+checked published models first: ``llm-analysis`` has a good memory model but its step time
+ignores TP/PP/micro-batch/ZeRO communication, and it pins ``transformers<5``/
+``huggingface-hub<0.15``; GenZ (``genz-llm``) is inference-only and pulls plotting stacks with
+per-call pandas work; Vidur needs profiled kernel tables and simulates events (seconds per
+call). None fits a reference called 10^5-10^6 times, so the reference is ours, built from the
+published formulas (Narayanan et al. 2021 for the interleaved 1F1B schedule, Korthikanti et al.
+2022 for activation memory, Rajbhandari et al. 2020 for ZeRO volumes).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
+
+import optuna
 
 from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._study_definition import Knobs, StudyDefinition
@@ -177,6 +182,21 @@ def memory_use(config: dict[str, Any]) -> float:
     return _training_model.reference_memory_gb(config) / gpu_spec(config["gpu"]).memory_gb
 
 
+def memory_estimate(params: dict[str, Any], **options: Any) -> float | None:
+    """The theoretical peak memory over capacity of a structure (``params``: its structural
+    params, dense knobs at their defaults); infinity where the layout is invalid (Megatron-LM
+    refuses it at launch), None where a param it needs is missing. ``options`` are
+    :func:`suggest_config`'s study options."""
+    try:
+        config = suggest_config(optuna.trial.FixedTrial(dict(params)), **options,
+                                dense_at_defaults=True)
+    except Infeasible:
+        return math.inf
+    except ValueError:  # FixedTrial: a param the structure asks is not in ``params``
+        return None
+    return _training_model.theoretical_memory_gb(config) / gpu_spec(config["gpu"]).memory_gb
+
+
 def simulate(config: dict[str, Any]) -> float:
     """Coarse simulator estimate of tokens/s."""
     return _training_model.simulated_tokens_per_s(config)
@@ -237,6 +257,7 @@ def definition(
         measure=measure,
         simulate=simulate,
         memory_use=memory_use,
+        memory_estimate=functools.partial(memory_estimate, **base, fixed=dict(fixed or {})),
         default_config=expert_config(**base),
         optimum=stored_optimum(NAME, options),
         description=(

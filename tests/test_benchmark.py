@@ -319,6 +319,22 @@ def test_a_contender_can_start_from_the_studys_default_config():
     assert frame.groupby(["contender", "seed"]).size().eq(12).all()
 
 
+def make_tpe_seeing(seed, definition):
+    assert isinstance(definition, StudyDefinition)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+
+
+def test_a_contender_can_build_its_sampler_from_the_study():
+    reads = Contender("tpe reading the study", make_tpe_seeing, sampler_reads_study=True)
+    plain = Contender("tpe", make_tpe)
+    frame = run_suite(toy_suite(n_trials=8, n_seeds=1, contenders=[plain, reads]), None,
+                      n_workers=1)
+    by = {name: rows["value"].fillna(-1.0).tolist() for name, rows in frame.groupby("contender")}
+    assert by["tpe reading the study"] == by["tpe"]  # the same sampler, built another way
+    with pytest.raises(TypeError, match="sampler_reads_study"):
+        Contender("tpe", make_tpe, sampler_reads_study="yes")
+
+
 def test_starting_from_the_default_config_needs_a_study_that_has_one():
     starts = Contender("tpe from the expert config", make_tpe, start_from_default=True)
     with pytest.raises(ValueError, match=r"starts from the default config.*\['toy'\]"):

@@ -341,3 +341,27 @@ def test_a_simulator_refused_trial_reads_as_predicted_not_as_a_hung_run():
         assert f"trial {trial.number} failed (timeout, predicted)" in lines[trial.number]
     text = summary_text(study)
     assert f"{len(refused)} of them predicted by the simulator, no run spent" in text
+
+
+def test_run_hands_the_studys_memory_formula_to_the_sampler(toy, capsys, monkeypatch):
+    import autoscout_optuna
+
+    seen = []
+
+    class Spy(autoscout_optuna.AutoScoutSampler):
+        def __init__(self, **options):
+            seen.append(options.get("memory_estimate"))
+            super().__init__(**options)
+
+    monkeypatch.setattr(autoscout_optuna, "AutoScoutSampler", Spy)
+    (toy / "toy_study.py").write_text(TOY_STUDY.replace(
+        "default_config={", "memory_estimate=lambda params: 0.5, default_config={"))
+    status, _, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "2")
+    assert status == 0, err
+    assert len(seen) == 1 and seen[0]({"layout": "flat"}) == 0.5
+    seen.clear()
+    (toy / "toy_study.py").write_text(TOY_STUDY)  # a study without one: the defaults
+    status, _, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "1",
+                              "--study-name", "plain")
+    assert status == 0, err
+    assert seen == [None]

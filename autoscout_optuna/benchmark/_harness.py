@@ -52,6 +52,8 @@ class Contender:
         start_from_default: Run the study's ``default_config`` (the expert's configuration) as
             the first trial, enqueued as a user would enqueue the config they run today; it
             counts against the trial budget like any other trial.
+        sampler_reads_study: ``make_sampler(seed, definition)`` instead: a sampler that takes
+            something the study offers (its ``memory_estimate``, say).
     """
 
     name: str
@@ -60,6 +62,7 @@ class Contender:
     make_objective: ObjectiveFactory | None = None
     max_seeds: int | None = None
     start_from_default: bool = False
+    sampler_reads_study: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -70,7 +73,8 @@ class Contender:
         _validate.optional_callables(make_pruner=self.make_pruner,
                                      make_objective=self.make_objective)
         _validate.optional_integers(max_seeds=self.max_seeds)
-        _validate.booleans(start_from_default=self.start_from_default)
+        _validate.booleans(start_from_default=self.start_from_default,
+                           sampler_reads_study=self.sampler_reads_study)
         if self.max_seeds is not None and self.max_seeds < 1:
             raise ValueError(f"max_seeds must be >= 1 or None, got {self.max_seeds}")
 
@@ -365,7 +369,10 @@ def run_job(job: _Job) -> list[dict[str, Any]]:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     contender, definition = job.contender, job.definition
-    sampler = TimedSampler(contender.make_sampler(job.seed))
+    if contender.sampler_reads_study:
+        sampler = TimedSampler(contender.make_sampler(job.seed, definition))
+    else:
+        sampler = TimedSampler(contender.make_sampler(job.seed))
     pruner = contender.make_pruner(job.seed) if contender.make_pruner is not None else None
     if contender.make_objective is not None:
         objective = contender.make_objective(definition, job.seed)

@@ -81,8 +81,10 @@ def assert_reads_as_rebuilt(table, history, value_lists=VALUES):
     broke = [o.kind == "failed" and o.user_attrs.get("failure_reason") == "invalid_layout"
              for o in history]
     assert list(inputs.broke_rule) == broke
-    memory = [o.user_attrs.get("memory_use", np.nan) if o.kind == "real" else np.nan
-              for o in history]
+    # a measured peak where a trial ran; infinite where it ran out of memory
+    memory = [o.user_attrs.get("memory_use", np.nan) if o.kind == "real"
+              else np.inf if o.kind == "failed" and o.user_attrs.get("failure_reason") == "oom"
+              else np.nan for o in history]
     assert np.array_equal(inputs.memory, np.asarray(memory, dtype=float), equal_nan=True)
 
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import optuna
 import pytest
+from _memory_space import N_VALUES, OFFSETS, VALUES, every_structure  # tests/samplers/
 
 from autoscout_optuna import AutoScoutSampler, Infeasible, MCTSSampler
 from autoscout_optuna._memory import memory_use
@@ -18,20 +19,11 @@ from autoscout_optuna.samplers._mcts.feasibility import (
 from autoscout_optuna.samplers._mcts.memory import MIN_ROWS, fit_memory
 from autoscout_optuna.samplers._mcts.tree import unique_rows
 
-# micro_batch, tensor parallel degree, recompute (0: none, 1: full)
-VALUES = [np.array([1.0, 2.0, 4.0, 8.0, 16.0]), np.array([1.0, 2.0, 4.0, 8.0]), None]
-N_VALUES = [5, 4, 2]
-OFFSETS = np.array([0, 5, 9, 11])
-
 
 def log_fraction(codes):
     """Memory halves with each step of tp, doubles with micro-batch; recompute saves a third."""
     mb, tp = VALUES[0][codes[:, 0]], VALUES[1][codes[:, 1]]
     return np.log(0.3 * mb / tp * np.where(codes[:, 2] == 1, 0.67, 1.0))
-
-
-def every_structure():
-    return np.array([[a, b, c] for a in range(5) for b in range(4) for c in range(2)])
 
 
 def fitted(codes, fraction):
@@ -104,6 +96,16 @@ def test_only_a_positive_number_from_a_trial_that_ran_counts(kind, value, expect
     attrs = {} if value is None else {"memory_use": value}
     got = memory_use(kind, attrs)
     assert (math.isnan(got) and math.isnan(expected)) or got == expected
+
+
+def test_a_trial_that_ran_out_of_memory_is_over_capacity_by_an_unknown_amount():
+    assert memory_use("failed", {"failure_reason": "oom"}) == math.inf
+    assert math.isnan(memory_use("failed", {"failure_reason": "timeout"}))
+    # the model fits only measured peaks: an infinite one is no row
+    rows = every_structure()[:MIN_ROWS]
+    fraction = np.exp(log_fraction(rows))
+    fraction[0] = math.inf
+    assert fitted(rows, fraction)[0] is None
 
 
 def _memory_objective(report: bool):

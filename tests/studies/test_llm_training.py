@@ -236,3 +236,22 @@ def test_objectives_record_the_peak_memory_a_real_run_would_report(make_objectiv
     assert failed.state == optuna.trial.TrialState.FAIL
     assert failed.user_attrs["failure_reason"] == "oom"
     assert "memory_use" not in failed.user_attrs
+
+
+def test_memory_estimate_is_a_formula_not_the_reference():
+    # What the samplers' memory_estimate gets: the structure's params, dense knobs left out.
+    definition = studies.load("llm_training")
+    structure = {k: v for k, v in BASE_PARAMS.items() if k not in DENSE}
+    estimate = definition.memory_estimate(structure)
+    config = definition.suggest(optuna.trial.FixedTrial(dict(BASE_PARAMS)))
+    reference = reference_memory_gb(config) / 80.0
+    assert 0.0 < estimate < 1.0
+    assert estimate != pytest.approx(reference, rel=0.01)  # it leaves terms out, by design
+    # heavier structures are estimated heavier
+    assert definition.memory_estimate({**structure, "micro_batch": 4}) > estimate
+    assert definition.memory_estimate({**structure, "zero_stage": 0}) > estimate
+    # a layout Megatron-LM would refuse cannot run at all; a missing param: no estimate
+    assert definition.memory_estimate({**structure, "vpp": 5}) == float("inf")
+    assert definition.memory_estimate({"tp": 2}) is None
+    copy = pickle.loads(pickle.dumps(definition))  # the benchmark's spawned workers
+    assert copy.memory_estimate(structure) == estimate

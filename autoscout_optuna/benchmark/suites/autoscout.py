@@ -5,8 +5,10 @@ Suites:
 - ``autoscout``: AutoScoutSampler vs random, TPE, GP and CMA-ES on the reference studies, plus
   the ablations the paper reports (fixed alternation instead of the bandit, no dense optimizer,
   no feature prioritization, naive reward instead of difference-in-differences), blind
-  start-up coverage instead of MCTS's, and the opt-in variants (neighbour arm, memory model).
-- ``autoscout-long``: AutoScout, AutoScout without the model arm, MCTSSampler alone, TPE,
+  start-up coverage instead of MCTS's, and the opt-in variants (neighbour arm, memory model,
+  the study's memory estimate).
+- ``autoscout-long``: AutoScout, AutoScout without the model arm and with the study's memory
+  estimate, MCTSSampler alone, TPE,
   CMA-ES and random search with ``LONG_TRIALS`` trials, for the trials to 99 % that 100
   trials censor.
 - ``autoscout-overhead``: sampler milliseconds per trial on a cheap 15-knob conditional space,
@@ -60,6 +62,17 @@ def make_autoscout(seed: int, **options: Any) -> optuna.samplers.BaseSampler:
     return AutoScoutSampler(seed=seed, **options)
 
 
+MEMORY_ESTIMATE = "variant: memory estimate"
+
+
+def make_autoscout_with_estimate(
+    seed: int, definition: StudyDefinition
+) -> optuna.samplers.BaseSampler:
+    """AutoScout given the study's memory formula (None where the study has none: then it is
+    the default sampler, trial for trial)."""
+    return AutoScoutSampler(seed=seed, memory_estimate=definition.memory_estimate)
+
+
 FROM_EXPERT = " from the expert config"
 
 
@@ -102,6 +115,8 @@ def autoscout_contenders() -> list[Contender]:
         except ValueError:
             continue  # e.g. an MCTSSampler without a feature-prioritization switch
         contenders.append(Contender(name, functools.partial(make_autoscout, **options)))
+    contenders.append(Contender(MEMORY_ESTIMATE, make_autoscout_with_estimate,
+                                sampler_reads_study=True))
     return contenders
 
 
@@ -165,7 +180,8 @@ def suites(quick: bool = False) -> list[Suite]:
     # GP is left out of the long runs (its per-trial cost grows past seconds by 500 trials);
     # the model arm's ablation is in: what the arm is worth past 100 trials
     no_model = next(c for c in contenders if c.name == "ablation: no model arm")
-    long_contenders = [contenders[0], no_model, mcts_alone] + [
+    estimating = next(c for c in contenders if c.name == MEMORY_ESTIMATE)
+    long_contenders = [contenders[0], no_model, estimating, mcts_alone] + [
         c for c in baselines.contenders() if c.name != "gp"]
     # from the expert config too: its trials to 99 %, which 100 trials censor
     long_contenders += from_expert([c for c in long_contenders if c.name in ("autoscout", "tpe")])
@@ -207,7 +223,10 @@ def suites(quick: bool = False) -> list[Suite]:
                 "optional neighbour arm (one structural change of the incumbent); start-up "
                 "coverage blind to failures (each structural param its least-tried value) "
                 "instead of MCTS's; the optional memory model (P(out of memory) also from "
-                "the peak memory the training studies report); and MCTSSampler alone. "
+                "the peak memory the training studies report); the study's memory formula "
+                "as `memory_estimate` (the training studies: Megatron-LM's theoretical "
+                "memory, calibrated on the reported peaks; serving has none and runs the "
+                "defaults); and MCTSSampler alone. "
                 "AutoScout and every baseline "
                 "again from the expert config (the study's default config run as trial 0, as "
                 "a user would enqueue the config they run today). "
@@ -227,7 +246,8 @@ def suites(quick: bool = False) -> list[Suite]:
             n_seeds=LONG_SEEDS,
             budgets=(20, 50, 100, 200, LONG_TRIALS),
             description=(
-                "AutoScoutSampler, the same without its model arm, MCTSSampler alone and "
+                "AutoScoutSampler, the same without its model arm and with the study's memory "
+                "estimate, MCTSSampler alone and "
                 f"Optuna's TPE, CMA-ES and random search with {LONG_TRIALS} trials: trials to "
                 "95 % and 99 % of the optimum "
                 "where the 100-trial suite censors them (the issue's 'at most a tenth of "

@@ -31,6 +31,7 @@ from autoscout_optuna.samplers._autoscout.surrogate import (
     propose_encoded,
     weighted_gram,
 )
+from autoscout_optuna.samplers._mcts.estimate import MemoryEstimator
 
 ARMED = ("explore", "neighbour", "model", "refine")
 # Arms that propose a structure (refine keeps one and moves dense knobs).
@@ -393,12 +394,15 @@ def model_proposal(
     history: Sequence[Seen], space: ObservedSpace, rng: np.random.Generator,
     table: HistoryTable | None = None, memory_model: bool = False,
     estimate_weight: float = ESTIMATE_WEIGHT, dense: Mapping[str, Any] | None = None,
+    memory_estimate: MemoryEstimator | None = None,
 ) -> Proposal | None:
     """The model arm's structure (:mod:`~autoscout_optuna.samplers._autoscout.surrogate`).
 
     ``table``: a :class:`~autoscout_optuna.samplers._autoscout.history_table.HistoryTable`
     the caller keeps between calls, so a proposal reads only the trials added since the last.
     ``memory_model``: also learn P(out of memory) from the peak memory trials report.
+    ``memory_estimate``: the user's memory estimate, calibrated on those peaks, answers for
+    out-of-memory failures instead (``samplers/_mcts/estimate.py``).
     ``estimate_weight``: a PRUNED trial's estimate in the regression, a real value's being 1.
     ``dense``: the dense values the trial runs with (:func:`donor_dense_values`); an estimate
     made with them leaves its structure tried (``surrogate.settled_rows``) unless the
@@ -414,13 +418,16 @@ def model_proposal(
     settled = None
     if (inputs.kinds == "estimate").any():
         settled = settling_estimates(history, dense, space.dense)
+    reads_memory = memory_model or memory_estimate is not None
     return propose_encoded(names, values, inputs.codes, inputs.kinds, inputs.scores,
                            inputs.conditions, rng,
                            gram=weighted_gram(inputs.grams, estimate_weight),
                            positions=inputs.positions, broke_rule=inputs.broke_rule,
-                           memory=inputs.memory if memory_model else None,
+                           memory=inputs.memory if reads_memory else None,
                            estimate_weight=estimate_weight,
-                           settled=settled)
+                           settled=settled,
+                           memory_estimate=(None if memory_estimate is None
+                                            else memory_estimate.for_columns(names, values)))
 
 
 def _arm(obs: Seen) -> str:

@@ -25,7 +25,7 @@ attest) and the patterns rule failures share. The best draw among the rest is pr
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,13 +132,16 @@ def propose_encoded(
     memory: np.ndarray | None = None,
     estimate_weight: float = ESTIMATE_WEIGHT,
     settled: np.ndarray | None = None,
+    memory_estimate: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> Proposal | None:
     """:func:`propose` on trials already encoded (``codes``, as :func:`encode` returns);
     ``gram``, where the caller keeps it, is :func:`weighted_gram` of these trials'
     :func:`scored_grams` at this ``estimate_weight``;
     ``positions`` (:func:`ask_positions`) and ``broke_rule``, where given, let the feasibility
     model name the dead pairs of prefix failures and the patterns of rule failures;
-    ``memory``, where given, fits its memory model (``_mcts/memory.py``);
+    ``memory``, where given, fits its memory model (``_mcts/memory.py``), or with
+    ``memory_estimate`` (codes -> estimated peak over capacity) calibrates that estimate
+    (``_mcts/estimate.py``);
     ``settled``, where given, marks the estimates that keep their structure tried as a real
     run does (see :func:`settled_rows`)."""
     lookups = value_lookups(value_lists)
@@ -165,7 +168,7 @@ def propose_encoded(
         codes, n_values, kind == "failed", scored,
         numeric=[numeric_values(values) for values in value_lists],
         positions=positions, broke_rule=broke_rule, dead_pair_failures=DEAD_PAIR_FAILURES,
-        memory=memory,
+        memory=memory, estimate=memory_estimate,
     )
     p_fail = feasibility.p_fail(candidates)
     predicted = predict(feature_indices(candidates, offsets), weights)

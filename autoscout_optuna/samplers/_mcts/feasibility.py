@@ -14,16 +14,21 @@ the sum extends to values and combinations no trial has run (:func:`numeric_tren
 Only rows that asked as many params as the shortest feasible row are training rows: a row that
 failed earlier failed on its prefix, and its missing params would teach the model that absence
 causes failure.
+
+With a memory estimate (``estimate.py``) the failures that ran out of memory are the
+calibrated estimate's to explain: they leave the logistic and the dominance rule, which then
+learn only from the other failures, and P(FAIL) is at least the estimate's P(out of memory).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from autoscout_optuna.samplers._mcts.estimate import EstimateCalibration, calibrate
 from autoscout_optuna.samplers._mcts.memory import MemoryModel, fit_memory
 from autoscout_optuna.samplers._mcts.monotone import DominanceModel, fit_dominance
 from autoscout_optuna.samplers._mcts.prefix import FAILURES, dead_pairs, p_dead
@@ -52,6 +57,8 @@ class FeasibilityModel:
     rules: RulePatterns | None = None
     memory: MemoryModel | None = None
     memory_trends: np.ndarray | None = None  # the trends of the memory model's features
+    estimate: Callable[[np.ndarray], np.ndarray] | None = None  # codes -> estimated peak
+    calibration: EstimateCalibration | None = None  # of ``estimate``, from measured peaks
 
     def p_fail(self, codes: np.ndarray) -> np.ndarray:
         """P(FAIL) of each row of ``codes`` (a 1-D path is one row); 0 without a model.
@@ -59,7 +66,8 @@ class FeasibilityModel:
         The monotone rule overrides the logistic where it applies: no heavier than a known
         success, 0; at least as heavy as a known failure, ``DOMINATED_P_FAIL``. A dead pair
         of choices (``prefix.py``) or the shared choices of rule failures (``rules.py``)
-        raise it further, and so does a memory model's P(out of memory) (``memory.py``).
+        raise it further, and so do a memory model's P(out of memory) (``memory.py``) and a
+        calibrated memory estimate's (``estimate.py``).
         """
         rows = np.atleast_2d(codes)
         p = np.zeros(len(rows))
@@ -77,14 +85,25 @@ class FeasibilityModel:
         if self.memory is not None:
             features = memory_features(rows, self.offsets, self.memory_trends)
             p = np.maximum(p, self.memory.p_out_of_memory(features))
+        if self.calibration is not None and self.estimate is not None:
+            features = memory_features(rows, self.offsets, self.memory_trends)
+            p = np.maximum(p, self.calibration.p_out_of_memory(self.estimate(rows), features))
         return p
 
+    @property
+    def predicts_memory(self) -> bool:
+        """Whether :meth:`memory_use` has something to say (a memory model or an estimate)."""
+        return self.memory is not None or self.calibration is not None
+
     def memory_use(self, codes: np.ndarray) -> np.ndarray:
-        """The memory model's predicted peak over capacity per row (NaN without a model)."""
+        """The predicted peak over capacity per row: the calibrated estimate where there is one,
+        else the memory model's (NaN without either)."""
         rows = np.atleast_2d(codes)
+        features = memory_features(rows, self.offsets, self.memory_trends)
+        if self.calibration is not None and self.estimate is not None:
+            return np.exp(self.calibration.log_fraction(self.estimate(rows), features))
         if self.memory is None:
             return np.full(len(rows), np.nan)
-        features = memory_features(rows, self.offsets, self.memory_trends)
         return np.exp(self.memory.log_fraction(features))
 
 
@@ -98,6 +117,7 @@ def fit_feasibility(
     broke_rule: np.ndarray | None = None,
     dead_pair_failures: int = 1,
     memory: np.ndarray | None = None,
+    estimate: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> FeasibilityModel:
     """Fit P(FAIL) on the full-length failed rows and the feasible rows of ``codes``.
 
@@ -117,26 +137,24 @@ def fit_feasibility(
             0.009 at 100 trials and 6 of 30 seeds at 95 %, for no fewer failures.
         dead_pair_failures: Prefix failures a dead pair needs before it counts (one
             failure makes every earlier choice a suspect; two that agree narrow it down).
+        memory: Per row, the peak memory over capacity it reported (NaN: none; infinite: it
+            ran out of memory, :func:`autoscout_optuna._memory.memory_use`). Given, a memory
+            model is fitted (``memory.py``), or with ``estimate`` the estimate's calibration.
+        estimate: ``codes -> estimated peak over capacity`` (NaN: none;
+            :class:`~autoscout_optuna.samplers._mcts.estimate.MemoryEstimator`). Given, its
+            calibration on ``memory`` replaces the memory model, and the rows that ran out of
+            memory train neither the logistic nor the dominance rule.
 
     Returns:
         The model; without a feasible row it predicts 0, without a full-length failed row
         only dead pairs count.
     """
     offsets = np.concatenate([[0], np.cumsum(n_values)]).astype(int)
+    memory_parts = _memory_parts(codes, offsets, numeric, memory, estimate)
     asked = (codes != ABSENT).sum(axis=1)
     if not feasible.any():
-        return FeasibilityModel(offsets, None)
+        return FeasibilityModel(offsets, None, **memory_parts)
     full_failed = failed & (asked >= asked[feasible].min())
-    memory_model = memory_trends = None
-    if memory is not None:
-        # memory is a product of factors: log-scale trends of the positive numeric columns
-        memory_trends = numeric_trends(
-            [v if v is not None and np.all(v > 0) else None for v in numeric or []], offsets
-        )
-        structures, structure, _ = unique_rows(codes)
-        memory_model = fit_memory(
-            memory_features(structures, offsets, memory_trends), structure, memory
-        )
     dead = None
     if positions is not None:
         dead = dead_pairs(codes, positions, failed, failed & ~full_failed)
@@ -144,9 +162,10 @@ def fit_feasibility(
     rules = None
     if broke_rule is not None:
         rules = rule_patterns(codes, full_failed & broke_rule, feasible)
+    if memory_parts.get("calibration") is not None and memory is not None:
+        full_failed = full_failed & ~np.isposinf(memory)  # out of memory: the estimate's
     if not full_failed.any():
-        return FeasibilityModel(offsets, None, dead=dead, rules=rules, memory=memory_model,
-                                memory_trends=memory_trends)
+        return FeasibilityModel(offsets, None, dead=dead, rules=rules, **memory_parts)
     rows = full_failed | feasible
     trends = None if numeric is None else numeric_trends(numeric, offsets)
     weights, intercept = _logistic(
@@ -156,8 +175,35 @@ def fit_feasibility(
     if numeric is not None:
         per_column = [weights[offsets[j]: offsets[j + 1]] for j in range(len(n_values))]
         dominance = fit_dominance(codes, numeric, per_column, full_failed, feasible)
-    return FeasibilityModel(offsets, weights, intercept, dominance, dead, rules, memory_model,
-                            memory_trends)
+    return FeasibilityModel(offsets, weights, intercept, dominance, dead, rules, **memory_parts)
+
+
+def _memory_parts(
+    codes: np.ndarray, offsets: np.ndarray, numeric: Sequence[np.ndarray | None] | None,
+    memory: np.ndarray | None, estimate: Callable[[np.ndarray], np.ndarray] | None,
+) -> dict[str, Any]:
+    """The memory model (``memory`` given) or the estimate's calibration (``estimate``
+    given), as :class:`FeasibilityModel` fields."""
+    if memory is None and estimate is None:
+        return {}
+    memory = np.full(len(codes), np.nan) if memory is None else np.asarray(memory, float)
+    # memory is a product of factors: log-scale trends of the positive numeric columns
+    trends = numeric_trends(
+        [v if v is not None and np.all(v > 0) else None for v in numeric or []], offsets
+    )
+    structures, structure, _ = unique_rows(codes)
+    features = memory_features(structures, offsets, trends)
+    if estimate is None:
+        return {"memory": fit_memory(features, structure, memory), "memory_trends": trends}
+    # only the structures with a measured peak calibrate: the others (pending, failed early,
+    # asked a few params) need no call to the user's function
+    measured = np.zeros(len(structures), dtype=bool)
+    measured[structure[np.isfinite(memory) & (memory > 0)]] = True
+    estimates = np.full(len(structures), np.nan)
+    if measured.any():
+        estimates[measured] = estimate(structures[measured])
+    calibration = calibrate(estimates, features, structure, memory)
+    return {"memory_trends": trends, "estimate": estimate, "calibration": calibration}
 
 
 def _effective(theta: np.ndarray, lift: np.ndarray) -> np.ndarray:

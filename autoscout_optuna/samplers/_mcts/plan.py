@@ -16,6 +16,7 @@ import numpy as np
 
 from autoscout_optuna.samplers._mcts.descent import Step, TreePolicy, plan_path
 from autoscout_optuna.samplers._mcts.encoding import Table, value_key
+from autoscout_optuna.samplers._mcts.estimate import MemoryEstimator
 from autoscout_optuna.samplers._mcts.feasibility import fit_feasibility, numeric_values
 from autoscout_optuna.samplers._mcts.tournament import (
     Dependencies,
@@ -52,8 +53,9 @@ class StructurePlan:
         feasibility: ``{"p_fail": ..., "bar": ..., "rejected": [[p_fail, bar, {param: value}],
             ...]}``: the learned failure probability of the plan, the most it was allowed
             (:func:`fail_bar`), and the paths re-drawn before it with theirs; with
-            ``memory_model`` on and trials reporting their peak memory, also
-            ``"memory_use"``: the plan's predicted peak over capacity (``memory.py``).
+            ``memory_model`` on and trials reporting their peak memory, or a
+            ``memory_estimate``, also ``"memory_use"``: the plan's predicted peak over
+            capacity (``memory.py``, ``estimate.py``).
     """
 
     values: dict[str, Any]
@@ -79,6 +81,7 @@ class PlanSettings:
     fail_promise_slack: float = 0.3
     max_redraws: int = 8
     memory_model: bool = False
+    memory_estimate: MemoryEstimator | None = None
 
 
 @dataclass(frozen=True)
@@ -199,11 +202,15 @@ def _feasible_path(
     feasible = (kinds == REAL) | (kinds == ESTIMATE)
     numeric = [numeric_values(values) for values in table.values]
 
+    estimator = settings.memory_estimate
+    estimate = None if estimator is None else estimator.for_columns(table.names, table.values)
+    reads_memory = settings.memory_model or estimate is not None
+
     def fit(rows: Any) -> Any:
         return fit_feasibility(
             table.codes[rows], n_values, failed[rows], feasible[rows], numeric=numeric,
             positions=table.positions[rows], broke_rule=table.broke_rule[rows],
-            memory=table.memory[rows] if settings.memory_model else None,
+            memory=table.memory[rows] if reads_memory else None, estimate=estimate,
         )
 
     model = fit(slice(None))
@@ -248,7 +255,7 @@ def _feasible_path(
                 for i, (p, bar, path, _) in enumerate(drawn) if i != best]
     p_fail, bar, steps, row = drawn[best]
     record = {"p_fail": round(p_fail, 3), "bar": round(bar, 3), "rejected": rejected}
-    if model.memory is not None:  # what the memory model expects of the path it runs
+    if model.predicts_memory:  # what the memory model or estimate expects of the path it runs
         record["memory_use"] = round(float(model.memory_use(row)[0]), 3)
     return steps, record
 

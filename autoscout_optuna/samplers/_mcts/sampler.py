@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ from autoscout_optuna._storage import (
 from autoscout_optuna.samplers._independent import IndependentSampler
 from autoscout_optuna.samplers._mcts.descent import TreePolicy
 from autoscout_optuna.samplers._mcts.encoding import ORDER_KEY, Table, TableBuilder
+from autoscout_optuna.samplers._mcts.estimate import as_estimator
 from autoscout_optuna.samplers._mcts.fallback import IncumbentOrUniformSampler
 from autoscout_optuna.samplers._mcts.plan import (
     Evidence,
@@ -90,7 +91,11 @@ class MCTSSampler(IndependentSampler):
     report their peak memory over the device's capacity (user attr ``memory_use``) also teach
     a regression of its log on the structure, whose P(out of memory) raises the path's
     P(FAIL): every run says how far from the memory wall it was, not only the ones that hit
-    it. An evaluated configuration is not proposed again.
+    it. With a ``memory_estimate`` (your memory formula) that regression is fitted to what the
+    formula gets wrong instead, and the calibrated formula answers for out-of-memory failures
+    in the logistic's place: near the wall, where the best layouts sit, no additive model of
+    past failures can tell the sides apart (``samplers/_mcts/estimate.py``).
+    An evaluated configuration is not proposed again.
     A share of trials exploits: greedy along the best result, so the duplicate rule takes a
     local step from the incumbent.
 
@@ -146,6 +151,12 @@ class MCTSSampler(IndependentSampler):
             ``autoscout`` benchmark it cut failed runs by a sixth at the same best/optimum at
             100 trials, but past 200 trials on 70B it found less (it can call a layout that
             ran out of memory, when the regression misfits near the wall).
+        memory_estimate: ``memory_estimate(params) -> float``: an estimate of a structure's
+            peak device memory over the device's capacity (a theoretical memory formula, a
+            profiler), given the structure's params (name -> value); None, NaN or an error
+            where it has none. It is calibrated on the peaks trials report (user attr
+            ``memory_use``) and answers for out-of-memory failures in place of the learned
+            models (``samplers/_mcts/estimate.py``); it replaces ``memory_model``.
     """
 
     # Decisions depend only on (seed, decision number, non-orphaned history): after a worker
@@ -171,6 +182,7 @@ class MCTSSampler(IndependentSampler):
         exploit_probability: float = 0.4,
         structural: Container[str] | None = None,
         memory_model: bool = False,
+        memory_estimate: Callable[[dict[str, Any]], float | None] | None = None,
     ) -> None:
         _validate.reals(exploration=exploration, rave_equivalence=rave_equivalence,
                         max_backup=max_backup, rave_visit_share=rave_visit_share,
@@ -210,6 +222,7 @@ class MCTSSampler(IndependentSampler):
             feature_prioritization=bool(feature_prioritization),
             exploit_probability=float(exploit_probability),
             memory_model=bool(memory_model),
+            memory_estimate=as_estimator(memory_estimate),
         )
         self._records: OrderedDict[tuple[tuple[str, int], int], _TrialRecord] = OrderedDict()
         self._builders: dict[tuple[str, int], TableBuilder] = {}  # cache: equal to a fresh encoding
