@@ -101,6 +101,7 @@ BAD_ARGUMENTS = {
         "explore_sampler": ["tpe", 5],
         "refine_sampler": ["tpe", _random_sampler],
         "memory_model": ["yes", 1, None],
+        "memory_estimate": [0.5, "megatron"],
     },
     "MCTSSampler": {
         "seed": ["0", 1.5],
@@ -117,6 +118,7 @@ BAD_ARGUMENTS = {
         "feature_prioritization": ["no", None],
         "structural": [5, "layout"],  # a str is a Container of characters: a classic slip
         "memory_model": ["yes", 1, None],
+        "memory_estimate": [0.5, "megatron"],
     },
     "CoordinateDescentSampler": {
         "seed": ["0", 1.5],
@@ -175,6 +177,7 @@ BAD_ARGUMENTS = {
         "make_objective": ["objective"],
         "max_seeds": [0, 1.5, "a"],
         "start_from_default": ["yes", 1, None],
+        "sampler_reads_study": ["yes", 1, None],
     },
     "Suite": {
         "name": ["", 5],
