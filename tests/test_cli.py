@@ -343,7 +343,7 @@ def test_a_simulator_refused_trial_reads_as_predicted_not_as_a_hung_run():
     assert f"{len(refused)} of them predicted by the simulator, no run spent" in text
 
 
-def test_run_hands_the_studys_memory_formula_to_the_sampler(toy, capsys, monkeypatch):
+def test_run_hands_a_memory_formula_to_a_sampler_without_simulator(toy, capsys, monkeypatch):
     import autoscout_optuna
 
     seen = []
@@ -354,14 +354,19 @@ def test_run_hands_the_studys_memory_formula_to_the_sampler(toy, capsys, monkeyp
             super().__init__(**options)
 
     monkeypatch.setattr(autoscout_optuna, "AutoScoutSampler", Spy)
-    (toy / "toy_study.py").write_text(TOY_STUDY.replace(
-        "default_config={", "memory_estimate=lambda params: 0.5, default_config={"))
+    with_formula = TOY_STUDY.replace(
+        "default_config={", "memory_estimate=lambda params: 0.5, default_config={")
+    simulator = "simulate=lambda config: 1.1 * measure(config, None),"
+    assert simulator in with_formula
+    (toy / "toy_study.py").write_text(with_formula.replace(simulator, "simulate=None,"))
     status, _, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "2")
     assert status == 0, err
     assert len(seen) == 1 and seen[0]({"layout": "flat"}) == 0.5
-    seen.clear()
-    (toy / "toy_study.py").write_text(TOY_STUDY)  # a study without one: the defaults
-    status, _, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "1",
-                              "--study-name", "plain")
-    assert status == 0, err
-    assert seen == [None]
+    # behind the fidelity pruner (the study has a simulator) it measured worse: not passed
+    for name, text in (("simulated", with_formula), ("plain", TOY_STUDY)):
+        seen.clear()
+        (toy / "toy_study.py").write_text(text)
+        status, _, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "1",
+                                  "--study-name", name)
+        assert status == 0, err
+        assert seen == [None]
