@@ -249,3 +249,20 @@ def test_a_study_resumed_from_sqlite_decides_as_one_uninterrupted_study(tmp_path
     assert [t.params for t in resumed.trials] == [t.params for t in whole.trials]
     assert [t.user_attrs.get("mcts:feasibility") for t in resumed.trials] == [
         t.user_attrs.get("mcts:feasibility") for t in whole.trials]
+
+
+def test_an_estimate_that_does_not_track_the_peaks_leaves_the_failures_to_the_logistic():
+    rows = every_structure()
+    truth = true_fraction(rows)
+    failed = truth > 1.0
+    memory = np.where(failed, math.inf, truth)
+    kwargs = dict(numeric=VALUES, memory=memory)
+    names, values = ["mb", "tp", "recompute"], [range(5), range(4), range(2)]
+    constant = MemoryEstimator(lambda params: 0.5).for_columns(names, values)
+    blind = fit_feasibility(rows, N_VALUES, failed, ~failed, estimate=constant, **kwargs)
+    assert not blind.calibration.informative
+    assert blind.weights is not None  # out-of-memory failures train the logistic again
+    tracking = MemoryEstimator(lambda params: float(formula(np.array(
+        [[params["mb"], params["tp"], params["recompute"]]]))[0])).for_columns(names, values)
+    told = fit_feasibility(rows, N_VALUES, failed, ~failed, estimate=tracking, **kwargs)
+    assert told.calibration.informative and told.weights is None

@@ -16,8 +16,9 @@ failed earlier failed on its prefix, and its missing params would teach the mode
 causes failure.
 
 With a memory estimate (``estimate.py``) the failures that ran out of memory are the
-calibrated estimate's to explain: they leave the logistic and the dominance rule, which then
-learn only from the other failures, and P(FAIL) is at least the estimate's P(out of memory).
+calibrated estimate's to explain, as long as it tracks the measured peaks: they leave the
+logistic and the dominance rule, which then learn only from the other failures, and P(FAIL) is
+at least the estimate's P(out of memory).
 """
 
 from __future__ import annotations
@@ -162,7 +163,8 @@ def fit_feasibility(
     rules = None
     if broke_rule is not None:
         rules = rule_patterns(codes, full_failed & broke_rule, feasible)
-    if memory_parts.get("calibration") is not None and memory is not None:
+    calibration = memory_parts.get("calibration")
+    if calibration is not None and calibration.informative and memory is not None:
         full_failed = full_failed & ~np.isposinf(memory)  # out of memory: the estimate's
     if not full_failed.any():
         return FeasibilityModel(offsets, None, dead=dead, rules=rules, **memory_parts)
