@@ -41,7 +41,13 @@ from typing import Any
 import numpy as np
 
 from autoscout_optuna.samplers._mcts.encoding import value_key
-from autoscout_optuna.samplers._mcts.memory import MIN_SIGMA, MemoryModel, fit_memory
+from autoscout_optuna.samplers._mcts.memory import (
+    MIN_SIGMA,
+    MemoryModel,
+    fit_memory,
+    measured_peaks,
+)
+from autoscout_optuna.samplers._mcts.monotone import correlation
 
 # The error assumed of an estimate before any measured peak checks it (log units, ~35 %).
 PRIOR_SIGMA = 0.3
@@ -100,11 +106,11 @@ def calibrate(
     estimates = np.asarray(estimates, dtype=float)
     fraction = np.asarray(fraction, dtype=float)
     estimate = estimates[structure]
-    usable = (np.isfinite(fraction) & (fraction > 0) & np.isfinite(estimate) & (estimate > 0))
+    usable = measured_peaks(fraction) & measured_peaks(estimate)
     if usable.sum() < MIN_CALIBRATION_ROWS:
         return EstimateCalibration()
     scale, overhead, sigma = _fit_scale_and_overhead(estimate[usable], fraction[usable])
-    informative = _correlation(np.log(estimate[usable]), np.log(fraction[usable])) >= (
+    informative = correlation(np.log(estimate[usable]), np.log(fraction[usable])) >= (
         MIN_CORRELATION)
     calibration = EstimateCalibration(scale, overhead, sigma, None, informative)
     # what the scale and the constant leave: a ridge on the structure (memory.py), once it has
@@ -115,13 +121,6 @@ def calibrate(
     if residual is None:
         return calibration
     return EstimateCalibration(scale, overhead, residual.sigma, residual, informative)
-
-
-def _correlation(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson's r; 0 where either side does not vary (a constant estimate says nothing)."""
-    if np.ptp(x) <= 0 or np.ptp(y) <= 0:
-        return 0.0
-    return float(np.corrcoef(x, y)[0, 1])
 
 
 def _fit_scale_and_overhead(

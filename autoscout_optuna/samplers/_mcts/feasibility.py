@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from autoscout_optuna.samplers._mcts.estimate import EstimateCalibration, calibrate
-from autoscout_optuna.samplers._mcts.memory import MemoryModel, fit_memory
+from autoscout_optuna.samplers._mcts.memory import MemoryModel, fit_memory, measured_peaks
 from autoscout_optuna.samplers._mcts.monotone import DominanceModel, fit_dominance
 from autoscout_optuna.samplers._mcts.prefix import FAILURES, dead_pairs, p_dead
 from autoscout_optuna.samplers._mcts.rules import RulePatterns, rule_patterns
@@ -200,7 +200,7 @@ def _memory_parts(
     # only the structures with a measured peak calibrate: the others (pending, failed early,
     # asked a few params) need no call to the user's function
     measured = np.zeros(len(structures), dtype=bool)
-    measured[structure[np.isfinite(memory) & (memory > 0)]] = True
+    measured[structure[measured_peaks(memory)]] = True
     estimates = np.full(len(structures), np.nan)
     if measured.any():
         estimates[measured] = estimate(structures[measured])

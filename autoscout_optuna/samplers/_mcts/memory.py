@@ -59,6 +59,13 @@ class MemoryModel:
         return ndtr(self.log_fraction(features) / self.sigma)
 
 
+def measured_peaks(fraction: np.ndarray) -> np.ndarray:
+    """Which entries of ``fraction`` are measured peaks: positive and finite (NaN: none was
+    reported; infinite: the trial ran out of memory, by an amount nobody knows)."""
+    fraction = np.asarray(fraction, dtype=float)
+    return np.isfinite(fraction) & (fraction > 0)
+
+
 def fit_memory(
     features: np.ndarray, structure: np.ndarray, fraction: np.ndarray
 ) -> MemoryModel | None:
@@ -75,7 +82,7 @@ def fit_memory(
         The model, or None with fewer than ``MIN_ROWS`` measured trials.
     """
     fraction = np.asarray(fraction, dtype=float)
-    measured = np.isfinite(fraction) & (fraction > 0)
+    measured = measured_peaks(fraction)
     if measured.sum() < MIN_ROWS:
         return None
     x, size, width = features, len(features), features.shape[1]

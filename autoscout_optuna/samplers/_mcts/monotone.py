@@ -110,13 +110,17 @@ def _column_heaviness(
     if values is None:
         out[seen] = weights[seen]  # an order the data give, for the values they cover
         return out
-    x, y = np.asarray(values, float)[seen], weights[seen]
-    if np.ptp(x) == 0 or np.ptp(y) == 0:
-        return out
-    correlation = float(np.corrcoef(x, y)[0, 1])
-    if abs(correlation) >= MIN_CORRELATION:
-        out[:] = np.sign(correlation) * np.asarray(values, float)
+    r = correlation(np.asarray(values, float)[seen], weights[seen])
+    if abs(r) >= MIN_CORRELATION:
+        out[:] = np.sign(r) * np.asarray(values, float)
     return out
+
+
+def correlation(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson's r; 0 where either side does not vary (a constant says nothing of order)."""
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return 0.0
+    return float(np.corrcoef(x, y)[0, 1])
 
 
 def _anchor_masks(
