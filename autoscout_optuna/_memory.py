@@ -8,7 +8,7 @@ choice and avoid structures that would not fit before running them
 (``samplers/_mcts/memory.py``); a trial that ran out of memory says so with
 ``failure_reason = "oom"`` (:class:`~autoscout_optuna.Infeasible`), as before. With a
 ``memory_estimate`` (``samplers/_mcts/estimate.py``) the measured peaks calibrate the estimate,
-and the failures that ran out of memory are the estimate's to explain.
+and the failures that ran out of memory are the estimate's to explain where it saw them coming.
 """
 
 from __future__ import annotations

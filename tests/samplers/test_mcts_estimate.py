@@ -21,6 +21,7 @@ from autoscout_optuna.samplers._mcts.estimate import (
     calibrate,
 )
 from autoscout_optuna.samplers._mcts.feasibility import (
+    EXPLAINED_P_OOM,
     fit_feasibility,
     memory_features,
     numeric_trends,
@@ -183,6 +184,34 @@ def test_out_of_memory_failures_train_the_calibration_not_the_logistic():
     assert np.all(told.p_fail(heavy) > 0.9)
     assert told.predicts_memory
     assert told.memory_use(light_tp1) == pytest.approx(true_fraction(light_tp1), rel=0.15)
+
+
+def test_out_of_memory_failures_the_estimate_did_not_see_coming_train_the_logistic():
+    # The formula leaves out a term only large micro-batches pay (their logits), and only
+    # small micro-batches ran (as behind a pruner, where mostly the near-top structures run):
+    # the calibration sees none of that term, and calls most of the heavy failures fits.
+    rows = every_structure()
+    micro_batch = VALUES[0][rows[:, 0]]
+    truth = true_fraction(rows) + 0.6 * (micro_batch >= 8)
+    ran = (micro_batch <= 4) | (truth > 1.0)
+    codes, failed = rows[ran], truth[ran] > 1.0
+    memory = np.where(failed, math.inf, truth[ran])
+    estimate = MemoryEstimator(lambda params: float(formula(np.array(
+        [[params["mb"], params["tp"], params["recompute"]]]))[0])).for_columns(
+        ["mb", "tp", "recompute"], [range(5), range(4), range(2)])
+    model = fit_feasibility(codes, N_VALUES, failed, ~failed, numeric=VALUES, memory=memory,
+                            estimate=estimate)
+    p_oom = model.calibration.p_out_of_memory(estimate(codes), features_of(codes))
+    unseen = failed & (p_oom < EXPLAINED_P_OOM)
+    assert model.calibration.informative and unseen.sum() >= 4
+    # those failures are the logistic's again: each is expected to fail once more
+    assert model.weights is not None
+    assert np.all(model.p_fail(codes[unseen]) > 0.9)
+    # the ones the estimate explains (tp 1 with a small micro-batch) stay its own
+    explained_only = fit_feasibility(codes[~unseen], N_VALUES, failed[~unseen],
+                                     ~failed[~unseen], numeric=VALUES,
+                                     memory=memory[~unseen], estimate=estimate)
+    assert explained_only.weights is None
 
 
 def _objective(trial: optuna.Trial) -> float:

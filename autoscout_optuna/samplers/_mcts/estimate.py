@@ -25,7 +25,8 @@ residual, once it has enough rows) and ``sigma`` its error (at least 5 %). P(out
 ``Phi(log m_hat / sigma)``. Before any peak is measured the estimate is taken as it is, with
 ``PRIOR_SIGMA``. An estimate whose logs do not follow the measured peaks' (correlation below
 ``MIN_CORRELATION``) still adds its P(out of memory), but the failures go back to the learned
-models (``EstimateCalibration.informative``). Everything is refitted from the history on
+models (``EstimateCalibration.informative``); so do the failures a tracking estimate did not
+see coming (``feasibility.EXPLAINED_P_OOM``). Everything is refitted from the history on
 every plan (no state to keep); the user's function is called once per structure
 (:class:`MemoryEstimator` caches it).
 """

@@ -92,8 +92,9 @@ class MCTSSampler(IndependentSampler):
     a regression of its log on the structure, whose P(out of memory) raises the path's
     P(FAIL): every run says how far from the memory wall it was, not only the ones that hit
     it. With a ``memory_estimate`` (your memory formula) that regression is fitted to what the
-    formula gets wrong instead, and the calibrated formula answers for out-of-memory failures
-    in the logistic's place: near the wall, where the best layouts sit, no additive model of
+    formula gets wrong instead, and the calibrated formula answers for the out-of-memory failures
+    it saw coming in the logistic's place (the others, its blind spots, the logistic keeps):
+    near the wall, where the best layouts sit, no additive model of
     past failures can tell the sides apart (``samplers/_mcts/estimate.py``).
     An evaluated configuration is not proposed again.
     A share of trials exploits: greedy along the best result, so the duplicate rule takes a
@@ -155,8 +156,8 @@ class MCTSSampler(IndependentSampler):
             peak device memory over the device's capacity (a theoretical memory formula, a
             profiler), given the structure's params (name -> value); None, NaN or an error
             where it has none. It is calibrated on the peaks trials report (user attr
-            ``memory_use``) and answers for out-of-memory failures in place of the learned
-            models (``samplers/_mcts/estimate.py``); it replaces ``memory_model``.
+            ``memory_use``) and answers for the out-of-memory failures it saw coming in place
+            of the learned models (``samplers/_mcts/estimate.py``); it replaces ``memory_model``.
     """
 
     # Decisions depend only on (seed, decision number, non-orphaned history): after a worker
