@@ -93,13 +93,21 @@ class FeasibilityModel:
             p = np.maximum(p, p_dead(rows, self.dead))
         if self.rules is not None:
             p = np.maximum(p, self.rules.p_fail(rows))
-        if self.memory is not None:
-            features = memory_features(rows, self.offsets, self.memory_trends)
-            p = np.maximum(p, self.memory.p_out_of_memory(features))
+        if self.predicts_memory:
+            p = np.maximum(p, self.p_out_of_memory(rows))
+        return p
+
+    def p_out_of_memory(self, codes: np.ndarray) -> np.ndarray:
+        """P(out of memory) per row: the calibrated estimate's where there is one, else the
+        memory model's (0 without either; ``_memory_parts`` never sets both)."""
+        rows = np.atleast_2d(codes)
         if self.calibration is not None and self.estimate is not None:
             features = memory_features(rows, self.offsets, self.memory_trends)
-            p = np.maximum(p, self.calibration.p_out_of_memory(self.estimate(rows), features))
-        return p
+            return self.calibration.p_out_of_memory(self.estimate(rows), features)
+        if self.memory is None:
+            return np.zeros(len(rows))
+        return self.memory.p_out_of_memory(memory_features(rows, self.offsets,
+                                                           self.memory_trends))
 
     @property
     def predicts_memory(self) -> bool:
@@ -110,12 +118,13 @@ class FeasibilityModel:
         """The predicted peak over capacity per row: the calibrated estimate where there is one,
         else the memory model's (NaN without either)."""
         rows = np.atleast_2d(codes)
-        features = memory_features(rows, self.offsets, self.memory_trends)
         if self.calibration is not None and self.estimate is not None:
+            features = memory_features(rows, self.offsets, self.memory_trends)
             return np.exp(self.calibration.log_fraction(self.estimate(rows), features))
         if self.memory is None:
             return np.full(len(rows), np.nan)
-        return np.exp(self.memory.log_fraction(features))
+        return np.exp(self.memory.log_fraction(memory_features(rows, self.offsets,
+                                                               self.memory_trends)))
 
 
 def fit_feasibility(
@@ -234,11 +243,9 @@ def _explained_by_estimate(
     oom = np.isposinf(np.asarray(memory, dtype=float))
     if not oom.any():
         return oom
-    rows = codes[oom]
-    features = memory_features(rows, offsets, parts["memory_trends"])
     explained = oom.copy()
-    explained[oom] = parts["calibration"].p_out_of_memory(
-        parts["estimate"](rows), features) >= EXPLAINED_P_OOM
+    explained[oom] = FeasibilityModel(offsets, None, **parts).p_out_of_memory(
+        codes[oom]) >= EXPLAINED_P_OOM
     return explained
 
 
