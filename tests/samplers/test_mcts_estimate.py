@@ -12,6 +12,7 @@ import pytest
 from _memory_space import N_VALUES, OFFSETS, VALUES, every_structure  # tests/samplers/
 
 from autoscout_optuna import AutoScoutSampler, Infeasible, MCTSSampler
+from autoscout_optuna.samplers._autoscout import surrogate
 from autoscout_optuna.samplers._mcts.estimate import (
     MIN_CALIBRATION_ROWS,
     PRIOR_SIGMA,
@@ -295,3 +296,25 @@ def test_an_estimate_that_does_not_track_the_peaks_leaves_the_failures_to_the_lo
         [[params["mb"], params["tp"], params["recompute"]]]))[0])).for_columns(names, values)
     told = fit_feasibility(rows, N_VALUES, failed, ~failed, estimate=tracking, **kwargs)
     assert told.calibration.informative and told.weights is None
+
+
+def test_the_model_arm_checks_and_plans_the_params_its_inferred_conditions_leave_out():
+    # The inferred conditions say recompute is asked only under tp 8 (wrong, as after failed
+    # prefixes): a candidate without it has no estimate, and the trial would draw it at random.
+    # A big micro-batch at tp 2 fits only with full recompute.
+    names, values = ["mb", "tp", "recompute"], [range(5), range(4), range(2)]
+    estimate = MemoryEstimator(lambda params: float(formula(np.array(
+        [[params["mb"], params["tp"], params["recompute"]]]))[0])).for_columns(names, values)
+    rows = every_structure()
+    ran = rows[true_fraction(rows) < 1.0]  # what ran fitted
+    truth = true_fraction(ran)
+    # bigger micro-batches and less tensor parallelism run faster; recompute costs a little
+    scores = np.log(VALUES[0][ran[:, 0]]) - 0.5 * np.log(VALUES[1][ran[:, 1]]) - 0.1 * ran[:, 2]
+    for seed in range(10):
+        proposal = surrogate.propose_encoded(
+            names, values, ran, ["real"] * len(ran), scores, {"recompute": {"tp": [3]}},
+            np.random.default_rng(seed), memory=truth, memory_estimate=estimate)
+        assert set(proposal.values) == set(names)  # the trial runs what was checked
+        planned = np.array([[proposal.values[name] for name in names]])
+        assert true_fraction(planned)[0] < 1.0
+        assert proposal.p_fail <= surrogate.MAX_FAIL_PROBABILITY

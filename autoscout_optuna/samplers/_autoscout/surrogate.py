@@ -141,7 +141,9 @@ def propose_encoded(
     model name the dead pairs of prefix failures and the patterns of rule failures;
     ``memory``, where given, fits its memory model (``_mcts/memory.py``), or with
     ``memory_estimate`` (codes -> estimated peak over capacity) calibrates that estimate
-    (``_mcts/estimate.py``);
+    (``_mcts/estimate.py``; a candidate it cannot answer for because the inferred conditions
+    left out a param it needs is checked, and planned, with that param drawn:
+    :func:`complete_unestimated`);
     ``settled``, where given, marks the estimates that keep their structure tried as a real
     run does (see :func:`settled_rows`)."""
     lookups = value_lookups(value_lists)
@@ -171,17 +173,48 @@ def propose_encoded(
         memory=memory, estimate=memory_estimate,
     )
     p_fail = feasibility.p_fail(candidates)
+    runs_as = candidates
+    if memory_estimate is not None and feasibility.predicts_memory:
+        runs_as = complete_unestimated(candidates, memory_estimate, n_values, rng)
+        p_fail = np.maximum(p_fail, feasibility.p_out_of_memory(runs_as))
     predicted = predict(feature_indices(candidates, offsets), weights)
     allowed = p_fail <= MAX_FAIL_PROBABILITY
     if allowed.any():
         best = int(np.argmax(np.where(allowed, predicted, -np.inf)))
     else:
         best = int(np.argmin(p_fail))
-    values = {name: value_lists[j][candidates[best, j]] for j, name in enumerate(names)
-              if candidates[best, j] >= 0}
+    values = {name: value_lists[j][runs_as[best, j]] for j, name in enumerate(names)
+              if runs_as[best, j] >= 0}
     earlier = int(np.all(codes[kind == "estimate"] == candidates[best], axis=1).sum())
     return Proposal(values, float(predicted[best]), float(p_fail[best]), len(candidates),
                     earlier)
+
+
+def complete_unestimated(
+    candidates: np.ndarray, memory_estimate: Callable[[np.ndarray], np.ndarray],
+    n_values: Sequence[int], rng: np.random.Generator,
+) -> np.ndarray:
+    """The candidates as they would run: one the estimate cannot answer for while it leaves
+    params out gets those params drawn at random, where the completed structure has an estimate.
+
+    The conditions are inferred from the trials so far, and after failed prefixes they can be
+    wrong: a param they leave out is then asked anyway and drawn at random when the trial runs,
+    and the structure checked was not the one run (on ``llm_training`` 70B the worst
+    out-of-memory failures of the model arm were such candidates). An estimate that needs a
+    param the candidate lacks says so by giving none; the completed row is then the one checked,
+    and its values go into the plan, so the trial runs what was checked. A param the study
+    really does not ask is ignored by the estimate and by the trial alike.
+    """
+    missing = np.isnan(memory_estimate(candidates)) & (candidates == ABSENT).any(axis=1)
+    if not missing.any():
+        return candidates
+    draws = rng.integers(0, np.asarray(n_values), size=(int(missing.sum()), candidates.shape[1]))
+    partial = candidates[missing]
+    filled = np.where(partial == ABSENT, draws, partial)
+    known = ~np.isnan(memory_estimate(filled))
+    completed = candidates.copy()
+    completed[np.flatnonzero(missing)[known]] = filled[known]
+    return completed
 
 
 def settled_rows(
