@@ -176,7 +176,11 @@ def propose_encoded(
     runs_as = candidates
     if memory_estimate is not None and feasibility.predicts_memory:
         runs_as = complete_unestimated(candidates, memory_estimate, n_values, rng)
-        p_fail = np.maximum(p_fail, feasibility.p_out_of_memory(runs_as))
+        # p_fail already holds every other row's P(out of memory): only the completed change
+        completed = np.flatnonzero(np.any(runs_as != candidates, axis=1))
+        if len(completed):
+            p_fail[completed] = np.maximum(
+                p_fail[completed], feasibility.p_out_of_memory(runs_as[completed]))
     predicted = predict(feature_indices(candidates, offsets), weights)
     allowed = p_fail <= MAX_FAIL_PROBABILITY
     if allowed.any():
@@ -205,7 +209,9 @@ def complete_unestimated(
     and its values go into the plan, so the trial runs what was checked. A param the study
     really does not ask is ignored by the estimate and by the trial alike.
     """
-    missing = np.isnan(memory_estimate(candidates)) & (candidates == ABSENT).any(axis=1)
+    missing = (candidates == ABSENT).any(axis=1)
+    if missing.any():  # only a row that leaves a param out can lack an estimate for it
+        missing[missing] = np.isnan(memory_estimate(candidates[missing]))
     if not missing.any():
         return candidates
     draws = rng.integers(0, np.asarray(n_values), size=(int(missing.sum()), candidates.shape[1]))
