@@ -101,13 +101,8 @@ class FeasibilityModel:
         """P(out of memory) per row: the calibrated estimate's where there is one, else the
         memory model's (0 without either; ``_memory_parts`` never sets both)."""
         rows = np.atleast_2d(codes)
-        if self.calibration is not None and self.estimate is not None:
-            features = memory_features(rows, self.offsets, self.memory_trends)
-            return self.calibration.p_out_of_memory(self.estimate(rows), features)
-        if self.memory is None:
-            return np.zeros(len(rows))
-        return self.memory.p_out_of_memory(memory_features(rows, self.offsets,
-                                                           self.memory_trends))
+        return self._memory_answer(rows, MemoryModel.p_out_of_memory,
+                                   EstimateCalibration.p_out_of_memory, default=0.0)
 
     @property
     def predicts_memory(self) -> bool:
@@ -118,13 +113,22 @@ class FeasibilityModel:
         """The predicted peak over capacity per row: the calibrated estimate where there is one,
         else the memory model's (NaN without either)."""
         rows = np.atleast_2d(codes)
+        return np.exp(self._memory_answer(rows, MemoryModel.log_fraction,
+                                          EstimateCalibration.log_fraction, default=np.nan))
+
+    def _memory_answer(
+        self, rows: np.ndarray, learned: Callable[..., np.ndarray],
+        calibrated: Callable[..., np.ndarray], *, default: float,
+    ) -> np.ndarray:
+        """``calibrated(calibration, estimates, features)`` where the user's estimate is
+        calibrated, else ``learned(memory_model, features)``, else ``default`` per row: the
+        one choice both memory answers make."""
+        if not self.predicts_memory:
+            return np.full(len(rows), default)
+        features = memory_features(rows, self.offsets, self.memory_trends)
         if self.calibration is not None and self.estimate is not None:
-            features = memory_features(rows, self.offsets, self.memory_trends)
-            return np.exp(self.calibration.log_fraction(self.estimate(rows), features))
-        if self.memory is None:
-            return np.full(len(rows), np.nan)
-        return np.exp(self.memory.log_fraction(memory_features(rows, self.offsets,
-                                                               self.memory_trends)))
+            return calibrated(self.calibration, self.estimate(rows), features)
+        return learned(self.memory, features)
 
 
 def fit_feasibility(
