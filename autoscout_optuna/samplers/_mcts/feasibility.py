@@ -123,12 +123,12 @@ class FeasibilityModel:
         """``calibrated(calibration, estimates, features)`` where the user's estimate is
         calibrated, else ``learned(memory_model, features)``, else ``default`` per row: the
         one choice both memory answers make."""
-        if not self.predicts_memory:
-            return np.full(len(rows), default)
-        features = memory_features(rows, self.offsets, self.memory_trends)
         if self.calibration is not None and self.estimate is not None:
+            features = memory_features(rows, self.offsets, self.memory_trends)
             return calibrated(self.calibration, self.estimate(rows), features)
-        return learned(self.memory, features)
+        if self.memory is None:
+            return np.full(len(rows), default)
+        return learned(self.memory, memory_features(rows, self.offsets, self.memory_trends))
 
 
 def fit_feasibility(
