@@ -45,6 +45,17 @@ def formula(codes):
     return 0.4 / tp + 0.2 * mb / tp * np.where(codes[:, 2] == 1, 0.3, 1.0)
 
 
+# The test space's columns by name, and each column's codes, as the samplers see them.
+COLUMNS = ["mb", "tp", "recompute"]
+COLUMN_CODES = [range(5), range(4), range(2)]
+
+
+def formula_estimate():
+    """``formula`` as a user hands it over (params -> peak over capacity), for the columns."""
+    return MemoryEstimator(lambda params: float(formula(np.array(
+        [[params[name] for name in COLUMNS]]))[0])).for_columns(COLUMNS, COLUMN_CODES)
+
+
 def features_of(rows):
     trends = numeric_trends(VALUES, OFFSETS)
     return memory_features(rows, OFFSETS, trends)
@@ -170,9 +181,7 @@ def test_out_of_memory_failures_train_the_calibration_not_the_logistic():
     failed = truth[ran] > 1.0
     assert failed[codes[:, 1] == 0].all()  # every tp 1 trial ran out of memory
     memory = np.where(failed, math.inf, truth[ran])
-    estimator = MemoryEstimator(lambda params: float(formula(np.array(
-        [[params["mb"], params["tp"], params["recompute"]]]))[0]))
-    estimate = estimator.for_columns(["mb", "tp", "recompute"], [range(5), range(4), range(2)])
+    estimate = formula_estimate()
     kwargs = dict(numeric=VALUES, memory=memory)
     learned = fit_feasibility(codes, N_VALUES, failed, ~failed, **kwargs)
     told = fit_feasibility(codes, N_VALUES, failed, ~failed, estimate=estimate, **kwargs)
@@ -197,9 +206,7 @@ def test_out_of_memory_failures_the_estimate_did_not_see_coming_train_the_logist
     ran = (micro_batch <= 4) | (truth > 1.0)
     codes, failed = rows[ran], truth[ran] > 1.0
     memory = np.where(failed, math.inf, truth[ran])
-    estimate = MemoryEstimator(lambda params: float(formula(np.array(
-        [[params["mb"], params["tp"], params["recompute"]]]))[0])).for_columns(
-        ["mb", "tp", "recompute"], [range(5), range(4), range(2)])
+    estimate = formula_estimate()
     model = fit_feasibility(codes, N_VALUES, failed, ~failed, numeric=VALUES, memory=memory,
                             estimate=estimate)
     p_oom = model.calibration.p_out_of_memory(estimate(codes), features_of(codes))
@@ -287,14 +294,12 @@ def test_an_estimate_that_does_not_track_the_peaks_leaves_the_failures_to_the_lo
     failed = truth > 1.0
     memory = np.where(failed, math.inf, truth)
     kwargs = dict(numeric=VALUES, memory=memory)
-    names, values = ["mb", "tp", "recompute"], [range(5), range(4), range(2)]
-    constant = MemoryEstimator(lambda params: 0.5).for_columns(names, values)
+    constant = MemoryEstimator(lambda params: 0.5).for_columns(COLUMNS, COLUMN_CODES)
     blind = fit_feasibility(rows, N_VALUES, failed, ~failed, estimate=constant, **kwargs)
     assert not blind.calibration.informative
     assert blind.weights is not None  # out-of-memory failures train the logistic again
-    tracking = MemoryEstimator(lambda params: float(formula(np.array(
-        [[params["mb"], params["tp"], params["recompute"]]]))[0])).for_columns(names, values)
-    told = fit_feasibility(rows, N_VALUES, failed, ~failed, estimate=tracking, **kwargs)
+    told = fit_feasibility(rows, N_VALUES, failed, ~failed, estimate=formula_estimate(),
+                           **kwargs)
     assert told.calibration.informative and told.weights is None
 
 
@@ -302,9 +307,7 @@ def test_the_model_arm_checks_and_plans_the_params_its_inferred_conditions_leave
     # The inferred conditions say recompute is asked only under tp 8 (wrong, as after failed
     # prefixes): a candidate without it has no estimate, and the trial would draw it at random.
     # A big micro-batch at tp 2 fits only with full recompute.
-    names, values = ["mb", "tp", "recompute"], [range(5), range(4), range(2)]
-    estimate = MemoryEstimator(lambda params: float(formula(np.array(
-        [[params["mb"], params["tp"], params["recompute"]]]))[0])).for_columns(names, values)
+    estimate = formula_estimate()
     rows = every_structure()
     ran = rows[true_fraction(rows) < 1.0]  # what ran fitted
     truth = true_fraction(ran)
@@ -312,9 +315,9 @@ def test_the_model_arm_checks_and_plans_the_params_its_inferred_conditions_leave
     scores = np.log(VALUES[0][ran[:, 0]]) - 0.5 * np.log(VALUES[1][ran[:, 1]]) - 0.1 * ran[:, 2]
     for seed in range(10):
         proposal = surrogate.propose_encoded(
-            names, values, ran, ["real"] * len(ran), scores, {"recompute": {"tp": [3]}},
+            COLUMNS, COLUMN_CODES, ran, ["real"] * len(ran), scores, {"recompute": {"tp": [3]}},
             np.random.default_rng(seed), memory=truth, memory_estimate=estimate)
-        assert set(proposal.values) == set(names)  # the trial runs what was checked
-        planned = np.array([[proposal.values[name] for name in names]])
+        assert set(proposal.values) == set(COLUMNS)  # the trial runs what was checked
+        planned = np.array([[proposal.values[name] for name in COLUMNS]])
         assert true_fraction(planned)[0] < 1.0
         assert proposal.p_fail <= surrogate.MAX_FAIL_PROBABILITY
