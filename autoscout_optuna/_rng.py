@@ -3,6 +3,12 @@
 A running RNG inside a sampler is state that storage cannot rebuild: after a resume it would be
 in a different place. Every random choice here is drawn from a generator derived from
 (seed, trial number, purpose), as Optuna's Hyperband does with its bracket hash.
+
+So the samplers keep their seed when Optuna calls ``reseed_rng`` (it does when
+``optimize(n_jobs > 1)`` starts its threads, so that copies of one running RNG do not repeat
+each other's draws): draws keyed by trial number already differ per trial, and a fresh seed
+would only throw away the user's (Optuna's ``QMCSampler`` keeps its seed for the same
+reason). They forward the call to the Optuna samplers they hold, whose RNGs do run.
 """
 
 from __future__ import annotations

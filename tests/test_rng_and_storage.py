@@ -2,6 +2,7 @@ import numpy as np
 import optuna
 import pytest
 
+from autoscout_optuna import AutoScoutSampler, CoordinateDescentSampler, MCTSSampler
 from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._storage import set_user_attr
 
@@ -19,6 +20,28 @@ def test_resolve_seed_validates():
     assert isinstance(resolve_seed(None), int)
     with pytest.raises(TypeError, match="seed"):
         resolve_seed("5")
+
+
+def _mixed_objective(trial):
+    layout = trial.suggest_categorical("layout", ["flat", "tree", "ring"])
+    batch = trial.suggest_int("batch", 1, 8, log=True)
+    x = trial.suggest_float("x", 0.0, 1.0)
+    return {"flat": 1.0, "tree": 1.3, "ring": 0.8}[layout] * (1 + 0.1 * batch) - (x - 0.3) ** 2
+
+
+@pytest.mark.parametrize("make", [AutoScoutSampler, MCTSSampler, CoordinateDescentSampler])
+def test_reseed_rng_keeps_a_seeded_samplers_proposals(make):
+    # Optuna reseeds when optimize(n_jobs > 1) starts its threads; draws keyed by trial number
+    # already differ per trial, so a seeded sampler stays seeded.
+    def params_after(reseed: bool) -> list[dict]:
+        sampler = make(seed=4)
+        if reseed:
+            sampler.reseed_rng()
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        study.optimize(_mixed_objective, n_trials=24)
+        return [t.params for t in study.trials]
+
+    assert params_after(True) == params_after(False)
 
 
 def test_user_attrs_are_stored_as_json():

@@ -122,18 +122,6 @@ def test_pickled_sampler_continues_identically() -> None:
     assert [t.params for t in twin.trials] == [t.params for t in study.trials]
 
 
-def test_reseed_rng_keeps_seeded_proposals() -> None:
-    def params_after(reseed: bool) -> list[dict[str, Any]]:
-        sampler = CoordinateDescentSampler(seed=2)
-        if reseed:
-            sampler.reseed_rng()
-        study = optuna.create_study(sampler=sampler)
-        study.optimize(dense_objective, n_trials=15)
-        return [t.params for t in study.trials]
-
-    assert params_after(True) == params_after(False)
-
-
 def test_running_trial_is_not_proposed_twice() -> None:
     study = optuna.create_study(sampler=CoordinateDescentSampler(seed=0))
     study.optimize(dense_objective, n_trials=3)

@@ -309,7 +309,7 @@ class AutoScoutSampler(BaseSampler):
         return {EXPLORE: self._explore, REFINE: self._refine}.get(arm, self._startup)
 
     def reseed_rng(self) -> None:
-        self._seed = resolve_seed(None)
+        """Forwarded to the sub-samplers; the seed is kept (``_rng``'s module doc)."""
         for sampler in (self._startup, self._explore, self._refine):
             sampler.reseed_rng()
 

@@ -83,7 +83,7 @@ class TransplantSampler(IndependentSampler):
         self._cache = cache if cache is not None else PlanCache()
 
     def reseed_rng(self) -> None:
-        self._seed = resolve_seed(None)
+        """Keeps the seed (``_rng``'s module doc)."""
 
     def sample_independent(
         self,

@@ -198,7 +198,7 @@ class CoordinateDescentSampler(IndependentSampler):
             self._fallback.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:
-        # Our own draws depend only on (seed, trial number): nothing to reseed but the fallback.
+        """Forwarded to the fallback; the seed is kept (``_rng``'s module doc)."""
         if self._fallback is not None:
             self._fallback.reseed_rng()
 

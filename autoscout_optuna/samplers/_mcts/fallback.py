@@ -37,7 +37,7 @@ class IncumbentOrUniformSampler(IndependentSampler):
         self._reuse_probability = reuse_probability
 
     def reseed_rng(self) -> None:
-        self._seed = resolve_seed(None)
+        """Keeps the seed (``_rng``'s module doc)."""
 
     def sample_independent(
         self,

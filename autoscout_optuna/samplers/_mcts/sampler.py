@@ -242,7 +242,7 @@ class MCTSSampler(IndependentSampler):
         self._lock = threading.Lock()
 
     def reseed_rng(self) -> None:
-        self._seed = resolve_seed(None)
+        """Forwarded to the fallback; the seed is kept (``_rng``'s module doc)."""
         self._fallback.reseed_rng()
 
     def is_structural(self, name: str, distribution: BaseDistribution) -> bool:
