@@ -37,7 +37,9 @@ from autoscout_optuna.benchmark._harness import Contender, Suite, TimedSampler
 from autoscout_optuna.benchmark.suites import baselines, mcts
 from autoscout_optuna.samplers import AutoScoutSampler
 
-ABLATIONS: dict[str, dict[str, Any]] = {
+# AutoScout's contenders by name, as constructor options: the defaults, the ablations (a part
+# taken out) and the variants (an opt-in added).
+AUTOSCOUT_OPTIONS: dict[str, dict[str, Any]] = {
     "autoscout": {},
     "ablation: alternation": {"policy": "alternate"},
     "ablation: no dense optimizer": {"dense_optimizer": False},
@@ -107,9 +109,10 @@ def plot_groups(contenders: list[Contender]) -> list[tuple[str, list[str]]]:
 
 
 def autoscout_contenders() -> list[Contender]:
-    """AutoScout and its ablations (one the sub-samplers cannot express is left out)."""
+    """AutoScout, its ablations and variants (one the sub-samplers cannot express is left
+    out)."""
     contenders = []
-    for name, options in ABLATIONS.items():
+    for name, options in AUTOSCOUT_OPTIONS.items():
         try:
             make_autoscout(0, **options)
         except ValueError:
