@@ -1,4 +1,5 @@
 import pickle
+import re
 
 import optuna
 import pytest
@@ -249,6 +250,20 @@ def test_spent_mcts_asks_the_model_arm_before_refine():
             assert trial.user_attrs["autoscout:model"]["p_fail"] < 0.3
         else:  # the model arm was spent too
             assert "model arm spent" in trial.user_attrs[_keys.REASON]
+
+
+def test_with_a_memory_estimate_mcts_hands_on_paths_likely_to_fail():
+    # with the estimate, MCTS's P(FAIL) over its bar is the calibrated P(out of memory), and the
+    # model arm checks its candidates against the same estimate: from 0.7 on, not 0.9
+    study = run_until_the_structures_are_spent(
+        memory_estimate=lambda params: 0.7 * params["batch"] / params["shards"])  # 30 % low
+    handed = [float(re.search(r"bar \(([0-9.]+) >", t.user_attrs[_keys.REASON]).group(1))
+              for t in study.trials if t.user_attrs[_keys.REASON].startswith("MCTS spent")]
+    assert any(0.7 <= p_fail < 0.9 for p_fail in handed)
+    for trial in study.trials:
+        record = trial.user_attrs.get("mcts:feasibility")
+        if trial.user_attrs[_keys.ARM] == "explore" and record and record["p_fail"] > record["bar"]:
+            assert record["p_fail"] < 0.7
 
 
 def test_spent_structure_arms_still_run_where_no_other_arm_can_take_the_trial():

@@ -34,9 +34,17 @@ MODEL_KEY = "autoscout:model"
 # A structure arm is spent when what it would run is expected to FAIL (step 7 of the class
 # docstring): the model arm when its least likely untried structure has at least
 # SPENT_P_FAIL (its own bar is 0.2), MCTS when every path it drew is over its bar and the one it
-# would run has at least MCTS_SPENT_P_FAIL.
+# would run has at least MCTS_SPENT_P_FAIL (MCTS_SPENT_P_FAIL_ESTIMATED with a memory estimate).
 SPENT_P_FAIL = 0.3
 MCTS_SPENT_P_FAIL = 0.9
+# With the user's memory estimate, MCTS's P(FAIL) is mostly the calibrated estimate's P(out of
+# memory), and its accepted paths over 0.7 failed 91 % (70B, seeds 120-159, trials after 20),
+# while the model arm, checking its candidates against the same estimate, fails 10 %. Not lower:
+# from 0.5, the risky paths by the memory wall that only MCTS runs (the model arm's bar is 0.2)
+# were handed away, and past 100 trials 70B reached 99 % in 35 of 40 seeds instead of 39
+# (session 55). Without the estimate the model arm fails about as often as MCTS there (session
+# 45). Numbers: the class docstring, step 7.
+MCTS_SPENT_P_FAIL_ESTIMATED = 0.7
 # System attr: the sub-sampler that serves the trial's params, where it is not the arm's own
 # (start-up trials whose structure MCTS proposes). Absent: the arm's sampler.
 SERVED_KEY = "autoscout:served_by"
@@ -150,8 +158,16 @@ class AutoScoutSampler(BaseSampler):
        trials to refine failed less (45 / 78 / 38) but 8B reached 99 % in 8 of 16 seeds
        instead of 13 (the model arm's structures are where 8B gains late); handing on every
        MCTS path over its bar, whatever its P(FAIL), cost 70B 0.016 at 20 trials (early, a
-       third of those paths run). Without any other arm the least likely structure still runs
-       (a prediction never closes the only route).
+       third of those paths run). With a ``memory_estimate`` MCTS is spent from P(FAIL)
+       ``MCTS_SPENT_P_FAIL_ESTIMATED`` (0.7) on: such paths nearly always fail, and the model
+       arm, checking its candidates against the same calibrated estimate, fails less often.
+       Against 0.9 (100 trials, paired): FAIL trials per seed after trial 20 4.4 -> 3.9 /
+       8.7 -> 7.9 (8B / 70B, seeds 120-239) and 4.4 -> 3.9 / 8.8 -> 7.7 (seeds 240-479),
+       best/optimum -0.000 +- 0.000 / +0.001 +- 0.003 and +0.000 +- 0.001 / -0.000 +- 0.002,
+       seeds at 99 % 46 -> 46 / 84 -> 85 and 99 -> 100 / 160 -> 162; 70B over 500 trials
+       (``autoscout-long``) FAIL 35.8 -> 31.3 per seed, 99 % in 39 of 40 seeds as before.
+       Without any other arm the least likely structure still runs (a prediction never closes
+       the only route).
 
     Every hook and ``reseed_rng`` is forwarded to the chosen sub-sampler; the arm is read back
     from the trial's attrs, so any worker can run any hook. Decisions are recorded as user
@@ -431,7 +447,8 @@ class AutoScoutSampler(BaseSampler):
     ) -> dict[str, Any] | None:
         """MCTS's feasibility record of the plan it would explore in ``trial`` where every path
         it drew was over its P(FAIL) bar and the one it would run has at least
-        ``MCTS_SPENT_P_FAIL``; None otherwise, or for an explore sampler that does not say.
+        ``MCTS_SPENT_P_FAIL`` (``MCTS_SPENT_P_FAIL_ESTIMATED`` with a memory estimate); None
+        otherwise, or for an explore sampler that does not say.
 
         MCTS must have been told the trial's dense values (``_fix_explore_dense``): the plan it
         proposes here is the one it serves if the trial stays an explore trial."""
@@ -440,7 +457,8 @@ class AutoScoutSampler(BaseSampler):
             return None
         feasibility = getattr(propose(study, trial), "feasibility", None) or {}
         p_fail, bar = feasibility.get("p_fail"), feasibility.get("bar")
-        if p_fail is None or bar is None or p_fail <= bar or p_fail < MCTS_SPENT_P_FAIL:
+        spent = MCTS_SPENT_P_FAIL if self._memory_estimate is None else MCTS_SPENT_P_FAIL_ESTIMATED
+        if p_fail is None or bar is None or p_fail <= bar or p_fail < spent:
             return None
         return feasibility
 
