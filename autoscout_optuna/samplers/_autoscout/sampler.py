@@ -235,8 +235,9 @@ class AutoScoutSampler(BaseSampler):
             answer for out-of-memory failures (:class:`~autoscout_optuna.MCTSSampler`,
             ``samplers/_mcts/estimate.py``). On ``llm_training`` with the study's formula
             (``autoscout`` suite, row ``variant: memory estimate``, seeds 0-39, 100 trials):
-            median best/optimum 0.978 -> 0.9896 (8B) and 0.904 -> 0.991 (70B), FAIL trials
-            per seed after trial 20 11.8 -> 4.8 and 17.0 -> 8.8.
+            median best/optimum 0.978 -> 0.9893 (8B) and 0.904 -> 0.992 (70B), FAIL trials
+            per seed after trial 20 11.8 -> 4.1 and 17.0 -> 7.6. MCTS then hands its trial
+            on from P(FAIL) 0.7 (step 7).
     """
 
     # Decisions depend only on (seed, decision number, non-orphaned history): after a worker
