@@ -214,3 +214,33 @@ def test_study_ensemble_estimator_rejects_a_non_bool_selection_aware(bad):
 
     with pytest.raises(TypeError, match="selection_aware"):
         StudyEnsembleEstimator(selection_aware=bad)
+
+
+def test_study_ensemble_estimator_refits_when_a_real_run_finishes():
+    # It reuses its last fit while the real runs are the same: a new one must still count.
+    from autoscout_optuna.fidelity import StudyEnsembleEstimator
+
+    definition = studies.load("llm_serving")
+    study = optuna.create_study(
+        direction=definition.direction, sampler=optuna.samplers.RandomSampler(seed=1),
+        pruner=FidelityPruner(n_warmup_real=3, min_pairs=3),
+    )
+    study.optimize(from_definition(definition), n_trials=30, catch=(Infeasible,))
+    real = [t for t in study.trials
+            if t.state == TrialState.COMPLETE and "autoscout:simulated" in t.user_attrs]
+    assert len(real) >= 5
+    estimator = StudyEnsembleEstimator()
+    params, simulated = real[-1].params, real[-1].user_attrs["autoscout:simulated"]
+    pending = study.ask()
+    before = estimator.estimate(pending, params, simulated)
+    assert estimator.estimate(pending, params, simulated) == before
+    study.tell(pending, state=TrialState.FAIL)
+    # the same config measured again, three times faster than the simulator said
+    study.add_trial(optuna.trial.create_trial(
+        params=params, distributions=real[-1].distributions, value=3 * simulated,
+        user_attrs=dict(real[-1].user_attrs),
+    ))
+    pending = study.ask()  # a trial reads the history as it was when it started
+    after = estimator.estimate(pending, params, simulated)
+    assert after == StudyEnsembleEstimator().estimate(pending, params, simulated)
+    assert after > before
