@@ -25,8 +25,8 @@ from autoscout_optuna._objective import (
     record_failure,
 )
 from autoscout_optuna._study_definition import StudyDefinition
-from autoscout_optuna.fidelity._pruner import ESTIMATE_STEP
 from autoscout_optuna.fidelity._study_ensemble import StudyEnsembleEstimator
+from autoscout_optuna.fidelity._trial_facts import ESTIMATE_STEP
 
 Config = Mapping[str, Any]
 

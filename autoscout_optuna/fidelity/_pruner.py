@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from typing import Any
-
 import optuna
 from optuna.pruners import BasePruner
 from optuna.study import StudyDirection
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from autoscout_optuna import _keys, _validate
 from autoscout_optuna._space import structure_key
 from autoscout_optuna._storage import get_trials, set_user_attr
 from autoscout_optuna.fidelity._decision import (
-    REAL,
-    SELECTED_REASONS,
     SIMULATOR,
     FidelityDecision,
     FidelitySettings,
     decide,
 )
+from autoscout_optuna.fidelity._trial_facts import TrialFactsReader, estimate_of
 
-ESTIMATE_STEP = 0
 # What of the longer trust window's error goes into a trial's ``autoscout:sim_error_detail``
 # (as ``trust_<name>``): what decided trust, not the report-only correlations.
 _TRUST_DETAIL = ("relative_error", "relative_error_bound", "discordance", "n_pairs")
@@ -229,6 +223,9 @@ class FidelityPruner(BasePruner):
             selection_aware=bool(selection_aware),
             real_for_measured_structures=bool(real_for_measured_structures),
         )
+        self._facts = TrialFactsReader(
+            track_structures=self._new_structure_control or bool(real_for_measured_structures)
+        )
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         _validate.single_objective(study, "FidelityPruner")
@@ -246,41 +243,38 @@ class FidelityPruner(BasePruner):
         pool, pair_estimates, pair_reals, reals, pair_selected = [], [], [], [], []
         runs: list[tuple[tuple, float]] = []  # (structure, real value), for the DiD bar
         measured: set[tuple] = set()  # structures with a real run
-        track_structures = self._new_structure_control or \
-            self._settings.real_for_measured_structures
+        track_structures = self._facts.tracks_structures
         own = structure_key(trial.params, trial.distributions) if track_structures else None
         own_estimates: list[float] = []  # the pairs of the trial's own structure
         own_reals: list[float] = []
         last_real_number = None
-        for other in get_trials(study):
+        for other in self._facts.read(get_trials(study)):
             if other.number == trial.number:
                 continue
-            if other.number < trial.number and _ran_for_real(other):
+            if other.number < trial.number and other.ran_for_real:
                 last_real_number = max(other.number, last_real_number or 0)
-            other_estimate = _estimate_of(other)
-            real = _real_of(other)
+            real = other.real
             if real is not None:
                 reals.append(real)
                 if track_structures:
-                    key = structure_key(other.params, other.distributions)
-                    runs.append((key, real))
-                    measured.add(key)
-            if other_estimate is None:
+                    runs.append((other.structure, real))
+                    measured.add(other.structure)
+            if other.estimate is None:
                 continue
-            pool.append(other_estimate)
+            pool.append(other.estimate)
             if real is not None:
-                pair_estimates.append(other_estimate)
+                pair_estimates.append(other.estimate)
                 pair_reals.append(real)
-                pair_selected.append(selected_by_estimate(other.user_attrs))
-                if track_structures and key == own:
-                    own_estimates.append(other_estimate)
+                pair_selected.append(other.selected)
+                if track_structures and other.structure == own:
+                    own_estimates.append(other.estimate)
                     own_reals.append(real)
         best_real = (max(reals) if maximize else min(reals)) if reals else None
         if self._new_structure_control and best_real is not None:
             best_real = _structure_control(own, runs, maximize, best_real)
         return decide(
             trial_number=trial.number,
-            estimate=_estimate_of(trial),
+            estimate=estimate_of(trial),
             maximize=maximize,
             pool_estimates=pool,
             pair_estimates=pair_estimates,
@@ -300,7 +294,7 @@ class FidelityPruner(BasePruner):
         error = decision.error
         set_user_attr(study, trial, _keys.FIDELITY, decision.fidelity)
         set_user_attr(study, trial, _keys.FIDELITY_REASON, decision.reason)
-        set_user_attr(study, trial, _keys.ESTIMATE, _estimate_of(trial))
+        set_user_attr(study, trial, _keys.ESTIMATE, estimate_of(trial))
         set_user_attr(study, trial, _keys.SIM_ERROR, error.relative_error)
         detail = error.as_dict()
         if decision.trust_error is not None:
@@ -330,29 +324,3 @@ def _structure_control(
         return best_real
     incumbent = max(best, key=lambda k: sign * best[k])
     return first[incumbent]
-
-
-def _estimate_of(trial: FrozenTrial) -> float | None:
-    value = trial.intermediate_values.get(ESTIMATE_STEP)
-    if value is None or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def selected_by_estimate(user_attrs: Mapping[str, Any]) -> bool:
-    """Whether a trial (its user attrs) ran for real because its estimate looked good."""
-    return user_attrs.get(_keys.FIDELITY_REASON) in SELECTED_REASONS
-
-
-def _ran_for_real(trial: FrozenTrial) -> bool:
-    """A real run, finished or still running (decided ``real`` by this pruner or for lack of
-    an estimate)."""
-    return trial.state == TrialState.COMPLETE or (
-        trial.state == TrialState.RUNNING and trial.user_attrs.get(_keys.FIDELITY) == REAL
-    )
-
-
-def _real_of(trial: FrozenTrial) -> float | None:
-    if trial.state != TrialState.COMPLETE or trial.value is None or not math.isfinite(trial.value):
-        return None
-    return float(trial.value)

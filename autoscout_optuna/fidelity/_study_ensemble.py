@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from autoscout_optuna import _keys, _validate
 from autoscout_optuna._history import orient, read_history
 from autoscout_optuna.fidelity._ensemble import SimulatorEnsemble
-from autoscout_optuna.fidelity._pruner import selected_by_estimate
+from autoscout_optuna.fidelity._trial_facts import selected_by_estimate
 
 # configs, raw simulator values, real values, chosen for their estimate: oldest first
 _TrainingData = tuple[list[dict[str, Any]], list[float], list[float], list[bool]]

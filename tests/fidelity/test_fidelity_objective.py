@@ -188,7 +188,7 @@ def test_ensemble_calibrates_a_constant_bias_away():
 
 def test_the_selection_aware_options_run_end_to_end():
     from autoscout_optuna.fidelity import StudyEnsembleEstimator
-    from autoscout_optuna.fidelity._pruner import SELECTED_REASONS
+    from autoscout_optuna.fidelity._decision import SELECTED_REASONS
 
     definition = studies.load("llm_serving")
     study = optuna.create_study(

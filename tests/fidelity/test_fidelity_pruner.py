@@ -233,6 +233,16 @@ def test_pruner_pickles_and_a_copy_decides_alike():
         assert copy.decide(study, trial) == FidelityPruner().decide(study, trial)
 
 
+def test_one_pruner_on_two_studies_decides_as_a_fresh_one_on_each():
+    # It keeps what it read of finished trials: two studies' trials share numbers, not facts.
+    studies = [_run("minimize", 30, seed=1), _run("minimize", 30, seed=2, bad=(0, 30))]
+    shared = FidelityPruner()
+    for _ in range(2):
+        for study in studies:
+            for trial in study.get_trials()[-3:]:
+                assert shared.decide(study, trial) == FidelityPruner().decide(study, trial)
+
+
 def _ragged_estimate(config):
     # Right on average, 20% off here and there: a fixed, config-dependent error.
     return _loss(config) * (1.0 + 0.2 * math.sin(7.0 * config["x"] + 3.0 * config["y"]))
