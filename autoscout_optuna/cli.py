@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -428,14 +429,18 @@ def open_storage(
                              "run `autoscout run STUDY` first")
     try:
         if heartbeat and "://" in url and not url.startswith(("redis", "journal")):
-            return optuna.storages.RDBStorage(
-                url,
-                heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                grace_period=HEARTBEAT_GRACE_S,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-                    max_retry=1
-                ),
-            )
+            with warnings.catch_warnings():
+                # Optuna flags the heartbeat API experimental at every start: the user cannot
+                # act on it, and it buries the first progress line.
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url,
+                    heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                    grace_period=HEARTBEAT_GRACE_S,
+                    heartbeat_stale_trial_callback=(
+                        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
+                    ),
+                )
         return optuna.storages.get_storage(url)
     except Exception as error:  # noqa: BLE001 - sqlalchemy, driver or file errors, all usage here
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]

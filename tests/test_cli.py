@@ -370,3 +370,14 @@ def test_run_hands_a_memory_formula_to_a_sampler_without_simulator(toy, capsys, 
                                   "--study-name", name)
         assert status == 0, err
         assert seen == [None]
+
+
+def test_a_storage_with_heartbeats_opens_without_optuna_s_experimental_warnings(tmp_path):
+    # Optuna flags the heartbeat API experimental; `autoscout run` users cannot act on it.
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        storage = cli.open_storage(f"sqlite:///{tmp_path / 'a.db'}", heartbeat=True)
+    assert storage.get_heartbeat_interval() == cli.HEARTBEAT_INTERVAL_S
+    assert not [w for w in caught if issubclass(w.category, optuna.exceptions.ExperimentalWarning)]
