@@ -6,6 +6,7 @@ and a multi-fidelity pruner that spends real runs only where they matter.
 
 from autoscout_optuna._decisions import decisions_table
 from autoscout_optuna._failure import Infeasible
+from autoscout_optuna._megatron_memory import MegatronMemoryEstimate
 from autoscout_optuna.fidelity import FidelityPruner
 from autoscout_optuna.samplers import AutoScoutSampler, CoordinateDescentSampler, MCTSSampler
 
@@ -17,5 +18,6 @@ __all__ = [
     "FidelityPruner",
     "Infeasible",
     "MCTSSampler",
+    "MegatronMemoryEstimate",
     "decisions_table",
 ]

@@ -34,6 +34,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from autoscout_optuna._failure import Infeasible
+from autoscout_optuna._megatron_memory import (
+    theoretical_memory_gb as megatron_theoretical_memory_gb,
+)
 
 from ._hardware import GPUS_PER_NODE, gpu_spec
 from ._models import model_shape
@@ -87,35 +90,24 @@ def reference_memory_gb(c: Mapping[str, Any]) -> float:
 
 
 def theoretical_memory_gb(c: Mapping[str, Any]) -> float:
-    """What a practitioner's memory formula says (Megatron-LM's theoretical memory report):
-    the estimate ``llm_training`` hands a sampler as ``memory_estimate``, not the reference.
+    """What a practitioner's memory formula says (Megatron-LM's theoretical memory report,
+    :func:`autoscout_optuna._megatron_memory.theoretical_memory_gb`, the formula behind the
+    public ``MegatronMemoryEstimate``): the estimate ``llm_training`` hands a sampler as
+    ``memory_estimate``, not the reference.
 
-    18 bytes per parameter of the first pipeline stage (bf16 weights, fp32 gradients, Adam),
-    sharded per ZeRO stage (Rajbhandari et al. 2020); activations ``s*b*h*(18 + 4*ffn/h)/tp``
-    bytes per layer (Korthikanti et al. 2022, the sequence-parallel form with selective
-    recomputation, which Megatron's report assumes whatever is chosen), ``2*s*b*h/tp`` per
-    fully recomputed layer; ``pp`` micro-batches in flight on the first stage, times
-    ``1 + (pp-1)/(pp*vpp)`` when interleaved; fp32 logits where the first stage is also the
-    last. It leaves out what such formulas leave out: allocator fragmentation, the CUDA
-    context and NCCL buffers, gradient buckets, CUDA-graph pools, and the extra activations
-    of no recomputation or no sequence parallelism (on every valid 8B / 70B structure its log
-    error against the reference is -0.30 +- 0.38 / -0.36 +- 0.49 near the memory wall).
+    It leaves out what such formulas leave out: allocator fragmentation, the CUDA context and
+    NCCL buffers, gradient buckets, CUDA-graph pools, and the extra activations of no
+    recomputation or no sequence parallelism (on every valid 8B / 70B structure its log error
+    against the reference is -0.30 +- 0.38 / -0.36 +- 0.49 near the memory wall).
     """
     m = model_shape(c["model"])
-    tp, pp, dp, vpp = c["tp"], c["pp"], c["dp"], c["vpp"]
-    tokens = c["micro_batch"] * c["seq_len"]
-    layers_stage = m.layers // pp
-    params = (layers_stage * m.layer_params + m.embedding_params) / tp
-    per_param = {0: 18.0, 1: 6 + 12 / dp, 2: 2 + 16 / dp, 3: 18 / dp}[c["zero_stage"]]
-    recomputed = min(c["recompute_layers"], layers_stage) if c["recompute"] == "full" else 0
-    per_layer = tokens * m.hidden * (18 + 4 * m.ffn / m.hidden) / tp
-    activations = (layers_stage - recomputed) * per_layer + recomputed * 2 * tokens * m.hidden / tp
-    if vpp > 1:
-        activations *= 1 + (pp - 1) / (pp * vpp)
-    activations *= min(pp, c["num_microbatches"])
-    if pp == 1:
-        activations += 4 * tokens * m.vocab / tp
-    return (params * per_param + activations) / BYTES_PER_GB
+    return megatron_theoretical_memory_gb(
+        layers=m.layers, hidden=m.hidden, ffn_hidden=m.ffn, vocab=m.vocab,
+        layer_params=m.layer_params, seq_len=c["seq_len"], tp=c["tp"], pp=c["pp"],
+        dp=c["dp"], vpp=c["vpp"], micro_batch=c["micro_batch"],
+        num_microbatches=c["num_microbatches"], zero_stage=c["zero_stage"],
+        recompute=c["recompute"], recompute_layers=c["recompute_layers"],
+    )
 
 
 def _comm_efficiency(sms: int, saturation: float) -> float:
