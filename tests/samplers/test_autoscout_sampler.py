@@ -1,5 +1,4 @@
 import pickle
-import re
 
 import optuna
 import pytest
@@ -257,9 +256,10 @@ def test_with_a_memory_estimate_mcts_hands_on_paths_likely_to_fail():
     # model arm checks its candidates against the same estimate: from 0.7 on, not 0.9
     study = run_until_the_structures_are_spent(
         memory_estimate=lambda params: 0.7 * params["batch"] / params["shards"])  # 30 % low
-    handed = [float(re.search(r"bar \(([0-9.]+) >", t.user_attrs[_keys.REASON]).group(1))
-              for t in study.trials if t.user_attrs[_keys.REASON].startswith("MCTS spent")]
-    assert any(0.7 <= p_fail < 0.9 for p_fail in handed)
+    handed = [t.user_attrs["autoscout:mcts_spent"] for t in study.trials
+              if t.user_attrs[_keys.REASON].startswith("MCTS spent")]
+    assert handed and all(h["p_fail"] > h["bar"] and h["p_fail"] >= 0.7 for h in handed)
+    assert any(h["p_fail"] < 0.9 for h in handed)
     for trial in study.trials:
         record = trial.user_attrs.get("mcts:feasibility")
         if trial.user_attrs[_keys.ARM] == "explore" and record and record["p_fail"] > record["bar"]:

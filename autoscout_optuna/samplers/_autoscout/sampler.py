@@ -31,6 +31,8 @@ CONDITIONS_KEY = "autoscout:conditions"
 TARGET_KEY = "autoscout:refine_target"
 MOVE_KEY = "autoscout:move"
 MODEL_KEY = "autoscout:model"
+# An explore trial MCTS handed on: the P(FAIL) and bar of the path it would have run.
+HANDED_ON_KEY = "autoscout:mcts_spent"
 # A structure arm is spent when what it would run is expected to FAIL (step 7 of the class
 # docstring): the model arm when its least likely untried structure has at least
 # SPENT_P_FAIL (its own bar is 0.2), MCTS when every path it drew is over its bar and the one it
@@ -361,6 +363,8 @@ class AutoScoutSampler(BaseSampler):
                               f"({over['p_fail']:.2f} > {over['bar']:.2f})")
                 arm = MODEL if can_model else REFINE
                 reason = f"{mcts_spent}; {arm}"
+                set_user_attr(study, trial, HANDED_ON_KEY,
+                              {"p_fail": over["p_fail"], "bar": over["bar"]})
         proposal = None
         if arm == MODEL:
             # Proposed only once chosen: scoring the candidates is the arm's whole cost.
