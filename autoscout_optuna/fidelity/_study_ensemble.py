@@ -10,10 +10,10 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from autoscout_optuna import _keys, _validate
-from autoscout_optuna._history import orient, read_history
+from autoscout_optuna import _validate
+from autoscout_optuna._storage import get_trials
 from autoscout_optuna.fidelity._ensemble import SimulatorEnsemble
-from autoscout_optuna.fidelity._trial_facts import selected_by_estimate
+from autoscout_optuna.fidelity._trial_facts import TrialFactsReader
 
 # configs, raw simulator values, real values, chosen for their estimate: oldest first
 _TrainingData = tuple[list[dict[str, Any]], list[float], list[float], list[bool]]
@@ -42,6 +42,7 @@ class StudyEnsembleEstimator:
         SimulatorEnsemble(**ensemble_options)  # validate now, not at the first trial
         self._options = ensemble_options
         self._last: tuple[_TrainingData, SimulatorEnsemble] | None = None
+        self._facts = TrialFactsReader(track_structures=False)
 
     def fit(self, study: optuna.Study, exclude: int | None = None) -> SimulatorEnsemble:
         """The ensemble fitted on ``study``'s real runs (trial ``exclude`` left out)."""
@@ -49,17 +50,13 @@ class StudyEnsembleEstimator:
 
     def _training_data(self, study: optuna.Study, exclude: int | None) -> _TrainingData:
         configs, simulated, real, selected = [], [], [], []
-        for observation in read_history(study, states=(TrialState.COMPLETE,)):
-            if observation.kind != "real" or observation.number == exclude:
+        for facts in self._facts.read(get_trials(study, states=(TrialState.COMPLETE,))):
+            if facts.real is None or facts.simulated is None or facts.number == exclude:
                 continue
-            raw = observation.user_attrs.get(_keys.SIMULATED)
-            if not isinstance(raw, (int, float)) or not math.isfinite(raw):
-                continue
-            configs.append(dict(observation.params))
-            simulated.append(float(raw))
-            # Observation scores are oriented (larger is better); orient() is its own inverse.
-            real.append(orient(observation.score, study.direction))
-            selected.append(selected_by_estimate(observation.user_attrs))
+            configs.append(dict(facts.params))
+            simulated.append(facts.simulated)
+            real.append(facts.real)
+            selected.append(facts.selected)
         return configs, simulated, real, selected
 
     def _fit(self, data: _TrainingData) -> SimulatorEnsemble:

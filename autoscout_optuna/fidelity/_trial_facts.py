@@ -1,12 +1,13 @@
-"""What the fidelity pruner reads of each trial, kept for finished trials (a cache, not state).
+"""What the fidelity layer reads of each trial, kept for finished trials (a cache, not state).
 
-A decision reads every trial of the study: its estimate, its real value, whether it ran for
-real, its structure. At 1,200 trials that walk, with a structure key built per real run, was
-a sixth of a long simulated study's time. Finished trials never change, and the storage hands
-back the very same trial objects for them, so their facts are kept, keyed by the object itself
-(held, so its id cannot be reused); a trial object not seen before, or a running trial, is read
-afresh. Each read keeps only the trials it was given: a pruner moved to another study starts
-over, and what it answers is always what reading every trial would.
+A pruner decision reads every trial of the study: its estimate, its real value, whether it ran
+for real, its structure; the simulator ensemble reads the real runs' params and raw simulator
+values at every estimate. At 1,200 trials those walks, with a structure key built per real run,
+were about a fifth of a long simulated study's time. Finished trials never change, and the
+storage hands back the very same trial objects for them, so their facts are kept, keyed by the
+object itself (held, so its id cannot be reused); a trial object not seen before, or a running
+trial, is read afresh. Each read keeps only the trials it was given: a reader moved to another
+study starts over, and what it answers is always what reading every trial would.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class TrialFacts(NamedTuple):
         real: Its real value (None: not COMPLETE, or not finite).
         structure: Its structural params' key, for a real run when structures are tracked.
         selected: It ran for real because its estimate looked good.
+        simulated: The raw simulator value it recorded (user attr ``autoscout:simulated``;
+            None: none, or not a finite number).
+        params: Its params (the trial's own mapping: read, never change).
     """
 
     number: int
@@ -42,6 +46,8 @@ class TrialFacts(NamedTuple):
     real: float | None
     structure: tuple | None
     selected: bool
+    simulated: float | None
+    params: Mapping[str, Any]
 
 
 class TrialFactsReader:
@@ -85,7 +91,15 @@ class TrialFactsReader:
             structure=(structure_key(trial.params, trial.distributions)
                        if self._track_structures and real is not None else None),
             selected=selected_by_estimate(trial.user_attrs),
+            simulated=_finite_number(trial.user_attrs.get(_keys.SIMULATED)),
+            params=trial.params,
         )
+
+
+def _finite_number(value: Any) -> float | None:
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def selected_by_estimate(user_attrs: Mapping[str, Any]) -> bool:
