@@ -41,6 +41,7 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "tp": 1, "pp": 1, "vpp": 1, "zero_stage": 0, "recompute": "none", "recompute_layers": None,
 }
 KNOBS = (*KNOB_DEFAULTS, "micro_batch")
+RECOMPUTE_MODES = ("none", "selective", "full")
 _MISSING = object()
 
 
@@ -176,6 +177,9 @@ class MegatronMemoryEstimate:
         zero_stage = int(knobs["zero_stage"])
         if zero_stage not in _BYTES_PER_PARAM:
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {knobs['zero_stage']!r}")
+        recompute = knobs["recompute"]
+        if recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
         layers_stage = s["layers"] // pp
         recompute_layers = knobs["recompute_layers"]
         gb = theoretical_memory_gb(
@@ -183,7 +187,7 @@ class MegatronMemoryEstimate:
             vocab=s["vocab"], layer_params=self._layer_params, seq_len=s["seq_len"],
             tp=tp, pp=pp, dp=dp, vpp=vpp, micro_batch=micro_batch,
             num_microbatches=num_microbatches, zero_stage=zero_stage,
-            recompute=str(knobs["recompute"]),
+            recompute=recompute,
             recompute_layers=layers_stage if recompute_layers is None else int(recompute_layers),
         )
         return gb / self._gpu_memory_gb

@@ -89,6 +89,8 @@ def test_a_layout_megatron_refuses_is_infinite_and_a_missing_micro_batch_says_no
     assert estimate({"tp": 2}) is None
     with pytest.raises(ValueError, match="zero_stage"):
         estimate({"micro_batch": 1, "zero_stage": 4})
+    with pytest.raises(ValueError, match="recompute"):
+        estimate({"micro_batch": 1, "recompute": True})
 
 
 @pytest.mark.parametrize(
