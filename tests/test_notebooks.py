@@ -30,9 +30,10 @@ def kernel_name(tmp_path_factory):
         yield "python3"
 
 
-def test_all_three_notebooks_are_there():
+def test_every_notebook_is_there():
     assert [p.name for p in NOTEBOOKS] == [
-        "01_quickstart.ipynb", "02_multi_fidelity.ipynb", "03_gpu_training.ipynb"]
+        "01_quickstart.ipynb", "02_multi_fidelity.ipynb", "03_gpu_training.ipynb",
+        "04_memory_wall.ipynb"]
 
 
 @pytest.mark.slow
