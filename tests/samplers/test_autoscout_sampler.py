@@ -644,3 +644,24 @@ def test_a_layout_found_invalid_before_the_dense_knobs_is_not_proposed_again():
         # Every arm, start-up included (its structures come from MCTS), avoids the prefix.
         assert len(invalid) == 1
         assert study.best_params["layout"] == "c"
+
+
+def _memory_reporting_objective(trial):
+    value = memory_objective(trial)  # out of memory past a batch over the shards
+    trial.set_user_attr("memory_use", trial.params["batch"] / trial.params["shards"])
+    return value
+
+
+@pytest.mark.parametrize("bias, reads", [(0.7, "low"), (1.4, "high")])
+def test_explore_trials_record_how_the_measured_peaks_read_the_memory_formula(bias, reads):
+    # the user sees in the dashboard how far off the formula is: scale ~ 1 / bias
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(
+        seed=4, n_startup_trials=6,
+        memory_estimate=lambda params: bias * params["batch"] / params["shards"]))
+    study.optimize(_memory_reporting_objective, n_trials=40, catch=(Infeasible,))
+    records = [t.user_attrs["mcts:feasibility"]["memory_calibration"] for t in study.trials
+               if "memory_calibration" in t.user_attrs.get("mcts:feasibility", {})]
+    assert records
+    last = records[-1]
+    assert last["informative"]
+    assert (last["scale"] > 1.2) if reads == "low" else (last["scale"] < 0.85)

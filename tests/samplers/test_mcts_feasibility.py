@@ -106,7 +106,7 @@ def test_an_accepted_promising_path_is_run_even_if_a_rejected_one_was_safer(monk
     p_of_code = {0: 0.35, 1: 0.5}
     monkeypatch.setattr(plan_module, "plan_path", lambda *a, **k: next(draws))
     model = types.SimpleNamespace(p_fail=lambda row: np.array([p_of_code[int(row[0])]]),
-                                  predicts_memory=False)
+                                  predicts_memory=False, calibration=None)
     monkeypatch.setattr(plan_module, "fit_feasibility", lambda *a, **k: model)
     table = types.SimpleNamespace(
         values=[["a", "b"]], kinds=["real"], codes=np.array([[0]]), positions=np.array([[0]]),

@@ -80,6 +80,15 @@ class EstimateCalibration:
             log_m = log_m + self.residual.log_fraction(features)
         return log_m
 
+    def as_dict(self) -> dict[str, Any]:
+        """What the calibration found, for a trial's record: how far off the user's formula
+        is (``scale`` > 1: it reads low), the memory it leaves out (``overhead``, in fractions
+        of capacity), the error that remains (``sigma``, log units), whether the peaks' own
+        ridge corrects it further, and whether it follows the measured peaks at all."""
+        return {"scale": round(self.scale, 4), "overhead": round(self.overhead, 4),
+                "sigma": round(self.sigma, 4), "residual": self.residual is not None,
+                "informative": self.informative}
+
     def p_out_of_memory(self, estimates: np.ndarray, features: np.ndarray) -> np.ndarray:
         """P(peak > capacity) per row; 1 where the estimate is infinite (the structure cannot
         run at all), 0 where it has nothing to say (NaN)."""

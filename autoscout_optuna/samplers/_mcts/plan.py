@@ -257,6 +257,8 @@ def _feasible_path(
     record = {"p_fail": round(p_fail, 3), "bar": round(bar, 3), "rejected": rejected}
     if model.predicts_memory:  # what the memory model or estimate expects of the path it runs
         record["memory_use"] = round(float(model.memory_use(row)[0]), 3)
+    if model.calibration is not None:  # how the measured peaks read the user's formula
+        record["memory_calibration"] = model.calibration.as_dict()
     return steps, record
 
 
