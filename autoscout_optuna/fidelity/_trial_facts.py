@@ -26,7 +26,7 @@ ESTIMATE_STEP = 0
 
 
 class TrialFacts(NamedTuple):
-    """One trial as the pruner reads it.
+    """One trial as the fidelity layer reads it.
 
     Attributes:
         number: The trial's number.
@@ -58,7 +58,8 @@ class TrialFactsReader:
         self._kept: dict[int, tuple[FrozenTrial, TrialFacts]] = {}
 
     def __getstate__(self) -> dict[str, bool]:
-        return {"track_structures": self._track_structures}  # a cache: the kept facts stay
+        # a cache: the kept facts are not pickled, a copy reads its trials afresh
+        return {"track_structures": self._track_structures}
 
     def __setstate__(self, state: dict[str, bool]) -> None:
         self.__init__(track_structures=state["track_structures"])
