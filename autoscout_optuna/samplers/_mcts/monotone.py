@@ -80,8 +80,7 @@ def fit_dominance(
     Returns:
         The model; without anchors it predicts nothing either way.
     """
-    seen = [np.isin(np.arange(len(w)), codes[feasible | failed, j])
-            for j, w in enumerate(weights)]
+    seen = _seen_codes(codes[feasible | failed], [len(w) for w in weights])
     width = max((len(w) for w in weights), default=0)
     heaviness = np.full((len(weights), width), np.nan)
     for j, (w, values) in enumerate(zip(weights, numeric, strict=True)):
@@ -98,6 +97,17 @@ def fit_dominance(
         failures[~_passes(failures, _anchor_masks(successes, heaviness, heavier=False))],
         successes[~_passes(successes, _anchor_masks(failures, heaviness, heavier=True))],
     )
+
+
+def _seen_codes(rows: np.ndarray, n_values: Sequence[int]) -> list[np.ndarray]:
+    """Per column, a mask of its codes that some row takes (``ABSENT`` / ``OTHER`` none)."""
+    seen = []
+    for j, n in enumerate(n_values):
+        mask = np.zeros(n, dtype=bool)
+        column = rows[:, j]
+        mask[column[(column >= 0) & (column < n)]] = True
+        seen.append(mask)
+    return seen
 
 
 def _column_heaviness(
