@@ -559,3 +559,21 @@ def test_a_study_without_a_stored_optimum_has_no_fixed_layout():
     from autoscout_optuna.benchmark.suites import coordinate
 
     assert coordinate.optimum_layout(toy_definition()) is None
+
+
+@pytest.mark.slow
+def test_the_script_that_reruns_every_autoscout_row_runs_each_of_its_steps(tmp_path):
+    # a renamed contender or suite must break this, not the session that needs the re-run
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "rerun_autoscout_rows.sh"
+    done = subprocess.run(
+        ["bash", str(script), str(tmp_path)], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "QUICK": "1", "PYTHON": sys.executable},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("== done in") == 7
+    written = {p.parent.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("trials.csv")}
+    assert written == {"autoscout", "autoscout-long", "autoscout-overhead", "fidelity",
+                       "fidelity-long", "held-out/autoscout", "held-out/fidelity-long"}
