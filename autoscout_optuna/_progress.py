@@ -137,6 +137,9 @@ def summary_text(study: optuna.Study, added: int | None = None) -> str:
                     if isinstance(best_attrs.get(key), (int, float))]
         if measured:
             rows.append(("best run", ", ".join(measured)))
+    calibration = memory_calibration_text(study)
+    if calibration is not None:
+        rows.append(("memory formula", calibration))
     if summary.default_value is not None:
         gain = summary.gain_over_default
         rows.append(("default config", f"{format_value(summary.default_value)}{unit}"))
@@ -149,6 +152,25 @@ def summary_text(study: optuna.Study, added: int | None = None) -> str:
         lines += [f"  {knob:<28} {format_knob(value)}"
                   for knob, value in sorted(summary.best_params.items())]
     return "\n".join(lines)
+
+
+def memory_calibration_text(study: optuna.Study) -> str | None:
+    """How the measured peaks read the study's memory formula (``memory_estimate``), as the
+    latest plan calibrated it; None where no plan did (no formula, or no explore trial yet)."""
+    from autoscout_optuna.samplers._mcts.sampler import FEASIBILITY_KEY
+
+    for trial in reversed(study.get_trials(deepcopy=False)):
+        record = trial.user_attrs.get(FEASIBILITY_KEY)
+        found = record.get("memory_calibration") if isinstance(record, dict) else None
+        if not isinstance(found, dict):
+            continue
+        text = (f"peak = {found['scale']:.2f} x formula + {found['overhead']:.2f} of capacity"
+                + (" + a per-structure correction" if found.get("residual") else "")
+                + f", error {found['sigma']:.0%} (trial #{trial.number})")
+        if not found.get("informative", True):
+            text += "; it does not follow the peaks, failures teach the learned models"
+        return text
+    return None
 
 
 _OUTCOME = {TrialState.COMPLETE: "real", TrialState.PRUNED: "simulated", TrialState.FAIL: "failed"}

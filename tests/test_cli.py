@@ -381,3 +381,22 @@ def test_a_storage_with_heartbeats_opens_without_optuna_s_experimental_warnings(
         storage = cli.open_storage(f"sqlite:///{tmp_path / 'a.db'}", heartbeat=True)
     assert storage.get_heartbeat_interval() == cli.HEARTBEAT_INTERVAL_S
     assert not [w for w in caught if issubclass(w.category, optuna.exceptions.ExperimentalWarning)]
+
+
+def test_the_summary_says_how_the_measured_peaks_read_the_memory_formula():
+    from autoscout_optuna import AutoScoutSampler, Infeasible, MegatronMemoryEstimate
+    from autoscout_optuna._objective import reference_objective
+    from autoscout_optuna._progress import summary_text
+
+    definition = studies.load("llm_training", preset="70b-512")
+    formula = MegatronMemoryEstimate(
+        layers=80, hidden=8192, ffn_hidden=28672, vocab=128256, heads=64, kv_heads=8,
+        seq_len=8192, global_batch=1024, num_gpus=512, gpu_memory_gb=80)
+    study = optuna.create_study(direction="maximize",
+                                sampler=AutoScoutSampler(seed=0, memory_estimate=formula))
+    study.optimize(reference_objective(definition), n_trials=30, catch=(Infeasible,))
+    line = next(line for line in summary_text(study).splitlines() if "memory formula" in line)
+    assert "x formula +" in line and "of capacity" in line and "error" in line
+    plain = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(seed=0))
+    plain.optimize(reference_objective(definition), n_trials=10, catch=(Infeasible,))
+    assert "memory formula" not in summary_text(plain)
