@@ -45,6 +45,14 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 _MISSING = object()
 
 
+def layer_params(*, hidden: int, ffn_hidden: int, heads: int, kv_heads: int) -> int:
+    """Weights of one decoder layer: Q/K/V/O projections (grouped-query attention: K and V
+    for ``kv_heads`` heads), the gate/up/down SwiGLU MLP, two norms."""
+    head_dim = hidden // heads
+    attention = 2 * hidden * hidden + 2 * hidden * kv_heads * head_dim
+    return attention + 3 * hidden * ffn_hidden + 2 * hidden
+
+
 def theoretical_memory_gb(
     *, layers: int, hidden: int, ffn_hidden: int, vocab: int, layer_params: float,
     seq_len: int, tp: int, pp: int, dp: int, vpp: int, micro_batch: int,
@@ -154,9 +162,8 @@ class MegatronMemoryEstimate:
         self._gpu_memory_gb = float(gpu_memory_gb)
         self._names = {knob: names.get(knob, knob) for knob in KNOBS}
         self._fixed = dict(fixed or {})
-        head_dim = hidden // heads
-        self._layer_params = (2 * hidden * hidden + 2 * hidden * kv_heads * head_dim
-                              + 3 * hidden * ffn_hidden + 2 * hidden)
+        self._layer_params = layer_params(
+            hidden=hidden, ffn_hidden=ffn_hidden, heads=heads, kv_heads=kv_heads)
 
     def __call__(self, params: Mapping[str, Any]) -> float | None:
         knobs = {knob: self._value(params, knob) for knob in KNOBS}

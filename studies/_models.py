@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoscout_optuna._megatron_memory import layer_params
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -34,8 +36,8 @@ class ModelShape:
     @property
     def layer_params(self) -> int:
         """Weights of one layer: Q/K/V/O projections, gate/up/down MLP, two norms."""
-        attn = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * self.head_dim
-        return attn + 3 * self.hidden * self.ffn + 2 * self.hidden
+        return layer_params(hidden=self.hidden, ffn_hidden=self.ffn, heads=self.heads,
+                            kv_heads=self.kv_heads)
 
     @property
     def embedding_params(self) -> int:
