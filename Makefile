@@ -4,6 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 STUDY  ?= gpt_training
+CONFIRM ?= 2
 ARGS   ?=
 
 .PHONY: run test test-fast bench gpu-check dashboard lint clean
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/autoscout run $(STUDY) $(ARGS)
+	$(VENV)/bin/autoscout run $(STUDY) --confirm $(CONFIRM) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -ra

@@ -4,6 +4,7 @@ and a multi-fidelity pruner that spends real runs only where they matter.
 ``import autoscout_optuna`` never imports torch.
 """
 
+from autoscout_optuna._confirm import Confirmation, confirm_best
 from autoscout_optuna._decisions import decisions_table
 from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._megatron_memory import MegatronMemoryEstimate
@@ -14,10 +15,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AutoScoutSampler",
+    "Confirmation",
     "CoordinateDescentSampler",
     "FidelityPruner",
     "Infeasible",
     "MCTSSampler",
     "MegatronMemoryEstimate",
+    "confirm_best",
     "decisions_table",
 ]

@@ -28,6 +28,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _storage
+from autoscout_optuna._confirm import Confirmation, read_confirmation
 from autoscout_optuna._keys import ARM, DEFAULT_CONFIG, SIM_ERROR, TRUE_VALUE
 from autoscout_optuna._progress import format_value, is_predicted_failure
 
@@ -57,6 +58,7 @@ class SearchSummary:
     arms: Mapping[str, Mapping[str, Any]]  # arm -> {trials, real, simulated, failed, best}
     simulator_errors: list[tuple[int, float]] = field(default_factory=list)  # (trial, rel. err)
     predicted_failures: int = 0  # FAIL predicted by the simulator: no real run was spent
+    confirmation: Confirmation | None = None  # re-runs of the top configs, when any were made
 
     @property
     def gain_over_default(self) -> float | None:
@@ -111,6 +113,7 @@ def summarize(study: optuna.Study) -> SearchSummary:
         arms=arms,
         simulator_errors=_simulator_errors(trials),
         predicted_failures=sum(1 for t in trials if is_predicted_failure(t)),
+        confirmation=read_confirmation(trials, maximize=maximize),
     )
 
 
@@ -127,6 +130,7 @@ def note_markdown(summary: SearchSummary, plot_links: Mapping[str, str] | None =
         "",
         "### Best configuration",
     ]
+    confirmed = summary.confirmation.best if summary.confirmation is not None else None
     if summary.best_value is None:
         lines += ["", "No real run has completed yet."]
     else:
@@ -137,9 +141,17 @@ def note_markdown(summary: SearchSummary, plot_links: Mapping[str, str] | None =
             gain = summary.gain_over_default
             best += f"; default config {format_value(summary.default_value)}{unit}, gain " + (
                 "n/a" if gain is None else f"**{gain:.2f}x**")
+        if confirmed is not None:
+            # the config to ship is the confirmed one, not the luckiest single run
+            best = (f"Confirmed: **{format_value(confirmed.mean)}{unit}**, mean of "
+                    f"{confirmed.runs} runs of the config of trial #{confirmed.number}"
+                    + (" (the default config)" if confirmed.is_default else "")
+                    + f" (see Confirmation below). Best single run: {best}")
+        params = confirmed.params if confirmed is not None else summary.best_params
         lines += ["", best]
         lines += ["", "| knob | value |", "|---|---|"]
-        lines += [f"| {k} | {format_knob(v)} |" for k, v in sorted(summary.best_params.items())]
+        lines += [f"| {k} | {format_knob(v)} |" for k, v in sorted(params.items())]
+    lines += _confirmation_markdown(summary, unit)
     lines += ["", "### Arm allocation", "",
               "Which sub-optimizer proposed each trial (user attr `autoscout:arm`).", "",
               "| arm | trials | real | simulated | failed | best real |", "|" + "---|" * 6]
@@ -165,6 +177,32 @@ def note_markdown(summary: SearchSummary, plot_links: Mapping[str, str] | None =
         for title, url in plot_links.items():
             lines += [f"**{title}**", "", f"![{title}]({url})", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _confirmation_markdown(summary: SearchSummary, unit: str) -> list[str]:
+    """The confirmed configs, best first, with the mean of their runs (see ``_confirm``)."""
+    confirmation = summary.confirmation
+    if confirmation is None or confirmation.best is None:
+        return []
+    lines = ["", "### Confirmation", "",
+             "The top configs run again (trials with user attr `autoscout:confirms`), ranked by "
+             "the mean of those runs (the search's runs of a config, on which it was picked, "
+             "are the lucky ones and stay out; the default config's all count); a config that "
+             "failed a run ranks last.", "",
+             "| config of trial | runs | mean | std. error | the search measured | failed runs |",
+             "|" + "---|" * 6]
+    for config in confirmation.candidates:
+        name = f"#{config.number}" + (" (default)" if config.is_default else "")
+        error = "-" if config.stderr is None else format_value(config.stderr)
+        searched = ", ".join(format_value(v) for v in config.searched) or "-"
+        lines.append(f"| {name} | {config.runs} | {format_value(config.mean)}{unit} | {error} "
+                     f"| {searched} | {', '.join(config.failures) or '-'} |")
+    gain, spread = confirmation.gain_over_default, confirmation.gain_stderr
+    if gain is not None:
+        lines += ["", f"Confirmed gain over the default config: **{gain:.2f}x**"
+                  + ("" if spread is None else f" +- {spread:.2f} (standard error)")
+                  + " (mean over mean)."]
+    return lines
 
 
 def render_plots(study: optuna.Study, out_dir: str | Path) -> dict[str, Path]:

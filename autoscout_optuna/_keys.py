@@ -17,6 +17,7 @@ SIM_ERROR_DETAIL = "autoscout:sim_error_detail"  # {n_pairs, discordance, kendal
 ESTIMATE = "autoscout:estimate"  # the simulator (or ensemble) estimate reported at step 0
 SIMULATED = "autoscout:simulated"  # the raw analytic simulator output (ensemble input)
 DEFAULT_CONFIG = "autoscout:default_config"  # True: queued to run the study's default config
+CONFIRMS = "autoscout:confirms"  # number of the trial whose config this queued trial re-runs
 
 # system attrs
 STRUCTURE = "autoscout:structure"  # {param: value} structure a dense refinement must keep

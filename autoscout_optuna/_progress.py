@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna._keys import FAILURE_REASON, FIDELITY
+
+if TYPE_CHECKING:
+    from autoscout_optuna._confirm import Confirmation, ConfirmedConfig
 
 
 class ProgressReporter:
@@ -144,14 +147,52 @@ def summary_text(study: optuna.Study, added: int | None = None) -> str:
         gain = summary.gain_over_default
         rows.append(("default config", f"{format_value(summary.default_value)}{unit}"))
         rows.append(("gain over default", "n/a" if gain is None else f"{gain:.2f}x"))
+    confirmed = summary.confirmation.best if summary.confirmation is not None else None
+    if confirmed is not None:
+        rows += confirmation_rows(summary.confirmation, unit)
     lines = [f"Study {summary.study_name!r} ({summary.direction}): {summary.n_trials} trials"
              + ("" if added is None else f", {added} added by this run")]
     lines += [f"  {label:<18} {text}" for label, text in rows]
-    if summary.best_params:
-        lines.append("Best configuration:")
+    best_params = confirmed.params if confirmed is not None else summary.best_params
+    if best_params:
+        lines.append("Best configuration" + (" (confirmed)" if confirmed is not None else "")
+                     + ":")
         lines += [f"  {knob:<28} {format_knob(value)}"
-                  for knob, value in sorted(summary.best_params.items())]
+                  for knob, value in sorted(best_params.items())]
     return "\n".join(lines)
+
+
+def confirmation_rows(confirmation: Confirmation, unit: str) -> list[tuple[str, str]]:
+    """The summary's rows for the confirmation runs (``autoscout_optuna._confirm``)."""
+    rows = []
+    best, default = confirmation.best, confirmation.default
+    if best is not None:
+        rows.append(("confirmed best", f"{_mean_text(best, unit)}, config of trial "
+                                       f"#{best.number}"
+                                       + (" (the default config)" if best.is_default else "")))
+    if best is not None and confirmation.changed_winner:
+        single = next((c for c in confirmation.candidates
+                       if c.number == confirmation.single_best), None)
+        if single is not None:
+            rows.append(("", f"(the best single run's config, trial #{single.number}: "
+                             f"{_mean_text(single, unit)})"))
+    if default is not None and default is not best:
+        rows.append(("confirmed default", _mean_text(default, unit)))
+    gain, spread = confirmation.gain_over_default, confirmation.gain_stderr
+    if gain is not None:
+        rows.append(("confirmed gain", f"{gain:.2f}x"
+                     + ("" if spread is None else f" +- {spread:.2f}") + " (mean over mean)"))
+    for config in confirmation.candidates:
+        if config.failures:
+            rows.append(("failed to confirm", f"config of trial #{config.number}: "
+                         f"{', '.join(config.failures)} in {len(config.failures)} of "
+                         f"{config.runs + len(config.failures)} runs"))
+    return rows
+
+
+def _mean_text(config: ConfirmedConfig, unit: str) -> str:
+    spread = "" if config.stderr is None else f" +- {format_value(config.stderr)}"
+    return f"{format_value(config.mean)}{spread}{unit}, mean of {config.runs} runs"
 
 
 def memory_calibration_text(study: optuna.Study) -> str | None:

@@ -120,6 +120,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="study option, repeatable (e.g. -o num_gpus=128 -o gpu=A100)")
     run.add_argument("--artifact-dir", default=DEFAULT_ARTIFACT_DIR,
                      help=f"where dashboard plots go (default: {DEFAULT_ARTIFACT_DIR})")
+    run.add_argument("--confirm", type=_non_negative_int, default=0, metavar="N",
+                     help="after the search, run the top configs and the default config N more "
+                     "times each and rank them by their mean (default: 0, off)")
+    run.add_argument("--confirm-top", type=_positive_int, default=3, metavar="K",
+                     help="how many of the best configs --confirm re-runs (default: 3)")
     run.set_defaults(handler=_run)
 
     show = commands.add_parser("show", help="print the decisions table and best config")
@@ -197,13 +202,14 @@ def _run(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     interrupted = False
     started = time.monotonic()
+    objective = _objective(definition, args.seed)
     try:
         evaluate_default(study, definition)
         # --timeout is the wall-clock limit of the whole run, the default's measurement included
         timeout = (None if args.timeout is None
                    else max(0.0, args.timeout - (time.monotonic() - started)))
         study.optimize(
-            _objective(definition, args.seed),
+            objective,
             n_trials=n_trials,
             timeout=timeout,
             catch=(Infeasible,),
@@ -213,6 +219,8 @@ def _run(args: argparse.Namespace) -> int:
         interrupted = True  # the running trial is FAIL already; everything else is stored
     finally:
         reporter.close()
+    if args.confirm and not interrupted:
+        interrupted = _confirm(study, objective, args, definition.metric)
     if interrupted:
         print("interrupted: every finished trial is stored; the same command resumes the study",
               file=sys.stderr)
@@ -224,6 +232,24 @@ def _run(args: argparse.Namespace) -> int:
     print(f"\nDashboard: autoscout dashboard --storage {args.storage} "
           f"--artifact-dir {args.artifact_dir}")
     return 130 if interrupted else 0
+
+
+def _confirm(study: optuna.Study, objective: Any, args: argparse.Namespace, metric: str) -> bool:
+    """``--confirm``: re-run the top configs and the default; whether Ctrl-C stopped it."""
+    from autoscout_optuna import Infeasible, confirm_best
+    from autoscout_optuna._progress import ProgressReporter
+
+    print(f"confirming the top {args.confirm_top} configs and the default config: up to "
+          f"{args.confirm} more runs each", file=sys.stderr)
+    reporter = ProgressReporter(n_trials=None, metric=metric)
+    try:
+        confirm_best(study, objective, top=args.confirm_top, repeats=args.confirm,
+                     catch=(Infeasible,), callbacks=[reporter, _NoteRefresher(args.artifact_dir)])
+    except KeyboardInterrupt:
+        return True  # what ran is stored; the same command tops up the rest
+    finally:
+        reporter.close()
+    return False
 
 
 class _NoteRefresher:
@@ -482,6 +508,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 

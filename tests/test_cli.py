@@ -127,6 +127,35 @@ def test_run_then_resume_then_show(toy, capsys):
     assert "Best configuration:" in out and "7 trials" in out
 
 
+def test_run_confirms_the_top_configs_and_ships_the_confirmed_one(toy, capsys):
+    from autoscout_optuna._keys import CONFIRMS
+
+    status, out, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "8", "--seed", "1",
+                                "--confirm", "2", "--confirm-top", "2")
+    assert status == 0, err
+    study = _study(toy)
+    confirming = [t for t in study.trials if CONFIRMS in t.user_attrs]
+    # the top 2 configs and the default, 2 runs each (the default may be among the top 2)
+    assert len(study.trials) == 8 + len(confirming) and len(confirming) in (4, 6)
+    assert all(t.state == TrialState.COMPLETE for t in confirming)
+    assert "confirming the top 2 configs and the default config" in err
+    assert "confirmed best" in out and "confirmed gain" in out
+    assert "Best configuration (confirmed):" in out
+    assert "### Confirmation" in get_note(study)
+    # resumed with the same flag: the configs confirmed already are not run again
+    status, _, _ = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "1", "--seed", "1",
+                            "--confirm", "2", "--confirm-top", "2")
+    added = [t for t in _study(toy).trials[len(study.trials):] if CONFIRMS in t.user_attrs]
+    assert status == 0 and len(added) <= 2  # at most the one new trial's config, twice
+
+
+def test_confirm_takes_a_count_of_runs(toy, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "toy_study.py", "--confirm", "-1"])
+    assert exc.value.code == 2 and "--confirm" in capsys.readouterr().err
+    assert not (toy / "autoscout.db").exists()
+
+
 def test_study_options_reach_the_study_and_its_default_budget(toy, capsys):
     status, _, err = _run_cli(capsys, "run", "toy_study.py", "-o", "n_trials=2",
                               "--study-name", "small")

@@ -53,7 +53,8 @@ class FidelityDecision:
 
     Attributes:
         fidelity: ``"simulator"`` (trust the estimate, prune) or ``"real"`` (run it).
-        reason: ``"no_estimate"``, ``"default_config"``, ``"warm_up"``, ``"simulator_error_high"``,
+        reason: ``"no_estimate"``, ``"default_config"``, ``"confirmation"``,
+            ``"warm_up"``, ``"simulator_error_high"``,
             ``"periodic_validation"``, ``"could_beat_best"``, ``"top_fraction"``,
             ``"measured_structure"`` or ``"not_promising"``.
         error: The simulator's recent error when the decision was taken.
@@ -84,6 +85,7 @@ def decide(
     measured_structure: bool = False,
     structure_pairs: tuple[Sequence[float], Sequence[float]] = ((), ()),
     baseline: bool = False,
+    confirmation: bool = False,
 ) -> FidelityDecision:
     """Decide the fidelity of one trial (all values raw, as the objective reported them).
 
@@ -112,6 +114,8 @@ def decide(
         baseline: The trial runs the study's default config, the baseline every gain is
             measured against (``autoscout run`` queues it as trial 0): always real, whatever
             the estimate says.
+        confirmation: The trial re-runs a config to confirm it (``autoscout:confirms``):
+            always real, its point is the measurement.
     """
     error = measure_error(
         pair_estimates, pair_reals, window=settings.window, rank_tolerance=settings.rank_tolerance
@@ -130,6 +134,8 @@ def decide(
     rank = _rank(pool, sign * estimate)
     if baseline:
         return FidelityDecision(REAL, "default_config", error, rank, trust_error)
+    if confirmation:
+        return FidelityDecision(REAL, "confirmation", error, rank, trust_error)
     n_real = len(pair_reals)
     if n_real < settings.n_warmup_real or error.n_pairs < settings.min_pairs:
         # Until the simulator has been checked against enough real runs, nothing says it can

@@ -1,12 +1,14 @@
 """Objectives that follow the multi-fidelity protocol, so nobody writes report/prune by hand.
 
 Protocol (DESIGN section 1): report the estimate at step 0, ask ``trial.should_prune()``, raise
-``optuna.TrialPruned`` when the estimate is trusted, else do the real run. Two special cases:
+``optuna.TrialPruned`` when the estimate is trusted, else do the real run. Special cases:
 
 * a simulator that raises (anything but :class:`Infeasible`) or returns NaN/inf gives *no
   estimate*: nothing is reported, the trial runs for real, and why is recorded;
 * an estimate that raises :class:`Infeasible` (e.g. predicted out of memory) ends the trial FAIL
-  with its reason, without a real run.
+  with its reason, without a real run;
+* a trial that re-runs a config to confirm it (user attr ``autoscout:confirms``, see
+  ``autoscout_optuna.confirm_best``) skips the estimate and runs for real.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ def run_protocol(
     The building block of :func:`multi_fidelity_objective`, for callers whose estimate needs
     more than the config (e.g. the benchmark's per-trial simulator noise).
     """
+    if trial.user_attrs.get(_keys.CONFIRMS) is not None:
+        # a confirmation re-run is there for its measurement: an estimate could only be
+        # ignored, or, where the simulator calls a config that ran fine infeasible, fail it
+        trial.set_user_attr(_keys.FIDELITY, "real")
+        trial.set_user_attr(_keys.FIDELITY_REASON, "confirmation")
+        return float(call_recording_failure(trial, measure))
     value = _safe_estimate(trial, estimate)
     if value is not None:
         trial.report(value, step=ESTIMATE_STEP)

@@ -31,7 +31,8 @@ class FidelityPruner(BasePruner):
     lets the real run through when
 
     * the trial runs the default config ``autoscout run`` queued as trial 0 (user attr
-      ``autoscout:default_config``): the baseline the gain is measured against,
+      ``autoscout:default_config``): the baseline the gain is measured against, or re-runs a
+      config to confirm it (user attr ``autoscout:confirms``, ``autoscout_optuna.confirm_best``),
     * fewer than ``n_warmup_real`` real runs with an estimate (and ``min_pairs``) exist,
     * the simulator's error is above threshold on the last ``window`` trials with both
       fidelities or on the last ``trust_window`` of them (every trial runs for real until the
@@ -288,6 +289,7 @@ class FidelityPruner(BasePruner):
             measured_structure=bool(own) and own in measured,
             structure_pairs=(own_estimates, own_reals),
             baseline=bool(trial.user_attrs.get(_keys.DEFAULT_CONFIG)),
+            confirmation=trial.user_attrs.get(_keys.CONFIRMS) is not None,
         )
 
     def _record(self, study: optuna.Study, trial: FrozenTrial, decision: FidelityDecision) -> None:

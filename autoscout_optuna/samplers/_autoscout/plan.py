@@ -352,8 +352,9 @@ def structure_settled(
 ) -> bool:
     """Whether ``proposals`` finished structure proposals (start-up, explore, neighbour and
     model trials, failed ones included) came after the last one that put a different structure
-    in the lead (real scores only; a refinement that lifts a runner-up over the incumbent does
-    not reopen the structure search). False before any real value.
+    in the lead (real scores only; a refinement, or a confirmation re-run, that lifts a
+    runner-up over the incumbent does not reopen the structure search). False before any real
+    value.
 
     ``best``, the best real trial (the digest's), lets the usual case skip the walk from the
     start: no trial after it leads, so the proposals after it count in any case.
@@ -363,7 +364,7 @@ def structure_settled(
         for obs in reversed(history):
             if obs.number == best.number:
                 break
-            if obs.kind != "pending" and obs.arm != "refine":
+            if obs.kind != "pending" and obs.arm in STRUCTURE_ARMS:
                 count += 1
                 if count >= proposals:
                     return True
@@ -373,10 +374,10 @@ def structure_settled(
             continue
         leads = obs.kind == "real" and obs.score is not None and (top is None or obs.score > top)
         if leads:
-            if obs.structure != leader and obs.arm != "refine":
+            if obs.structure != leader and obs.arm in STRUCTURE_ARMS:
                 since = 0
             top, leader = obs.score, obs.structure
-        elif obs.arm != "refine":
+        elif obs.arm in STRUCTURE_ARMS:
             since += 1
     return top is not None and since >= proposals
 

@@ -25,6 +25,7 @@ from autoscout_optuna.samplers._mcts.estimate import MemoryEstimator, as_estimat
 from autoscout_optuna.samplers._mcts.sampler import FIXED_KEY as EXPLORE_FIXED_KEY
 
 STARTUP, EXPLORE, NEIGHBOUR, MODEL, REFINE = "startup", "explore", "neighbour", "model", "refine"
+CONFIRM = "confirm"  # not an arm: a queued re-run of a config (``autoscout_optuna._confirm``)
 STATS_KEY = "autoscout:bandit"
 DONOR_KEY = "autoscout:donor"
 CONDITIONS_KEY = "autoscout:conditions"
@@ -339,6 +340,10 @@ class AutoScoutSampler(BaseSampler):
             return  # the sample hooks raise the ValueError users see
         # Who runs this trial: if that process dies, a resume fails and re-queues the trial.
         tag_worker(study, trial)
+        confirms = trial.user_attrs.get(_keys.CONFIRMS)
+        if confirms is not None:
+            self._confirm(study, trial, confirms)
+            return
         number = decision_number(study, trial)
         history, digest, pending = self._reader.read_with_pending(study, exclude=trial)
         space = planning.observed_space(pending, digest)
@@ -422,6 +427,14 @@ class AutoScoutSampler(BaseSampler):
         self._cache.store(trial, _keys.ARM, arm)
         self._cache.store(trial, SERVED_KEY, served)
         self._arm_sampler(served).before_trial(study, trial)
+
+    def _confirm(self, study: optuna.Study, trial: FrozenTrial, confirms: Any) -> None:
+        """A queued re-run of a config (``autoscout_optuna._confirm``): no search decision to
+        take, and none to credit; the bandit counts only its own arms (``plan.ARMED``)."""
+        set_user_attr(study, trial, _keys.ARM, CONFIRM)
+        set_user_attr(study, trial, _keys.REASON, f"re-runs trial #{confirms}'s config")
+        self._cache.store(trial, _keys.ARM, CONFIRM)
+        self._startup.before_trial(study, trial)
 
     def _fix_explore_dense(
         self, study: optuna.Study, trial: FrozenTrial, plan: dict[str, Any],

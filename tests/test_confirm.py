@@ -1,0 +1,245 @@
+"""Confirming the winner: re-runs of the top configs, ranked by the mean of those runs."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from autoscout_optuna import AutoScoutSampler, FidelityPruner, Infeasible, confirm_best
+from autoscout_optuna._confirm import confirmation_targets, read_confirmation
+from autoscout_optuna._dashboard import note_markdown, summarize
+from autoscout_optuna._keys import ARM, CONFIRMS, DEFAULT_CONFIG, FAILURE_REASON, FIDELITY
+from autoscout_optuna._progress import confirmation_rows, summary_text
+from autoscout_optuna.fidelity import multi_fidelity_objective
+
+DISTRIBUTIONS = {"x": FloatDistribution(0.0, 10.0)}
+
+
+def _trial(number, x, value=None, state=TrialState.COMPLETE, **user_attrs):
+    trial = create_trial(
+        state=state, value=value if state == TrialState.COMPLETE else None,
+        params={"x": x}, distributions=DISTRIBUTIONS, user_attrs=user_attrs,
+    )
+    trial.number = number
+    return trial
+
+
+def test_configs_rank_by_their_confirmation_runs_not_by_the_lucky_run_that_picked_them():
+    trials = [
+        _trial(0, 1.0, 5.0, **{DEFAULT_CONFIG: True}),
+        _trial(1, 2.0, 10.0),  # the search's luckiest run ...
+        _trial(2, 3.0, 8.0),
+        _trial(3, 2.0, 6.0, **{CONFIRMS: 1}),  # ... and what its config really gives
+        _trial(4, 2.0, 6.2, **{CONFIRMS: 1}),
+        _trial(5, 3.0, 7.0, **{CONFIRMS: 2}),
+        _trial(6, 3.0, 7.4, **{CONFIRMS: 2}),
+        _trial(7, 1.0, 5.2, **{CONFIRMS: 0}),
+    ]
+    found = read_confirmation(trials, maximize=True)
+    assert [c.number for c in found.candidates] == [2, 1, 0]
+    assert found.best.mean == pytest.approx(7.2) and found.best.searched == (8.0,)
+    assert found.candidates[1].values == (6.0, 6.2)  # the lucky 10.0 is left out
+    assert found.default.number == 0 and found.default.values == (5.0, 5.2)  # all count
+    assert found.single_best == 1 and found.changed_winner
+    assert found.gain_over_default == pytest.approx(7.2 / 5.1)
+    # relative errors of the two means in quadrature: 0.2 / 7.2 and 0.1 / 5.1
+    expected = 7.2 / 5.1 * math.hypot(0.2 / 7.2, 0.1 / 5.1)
+    assert found.gain_stderr == pytest.approx(expected)
+
+    lower = read_confirmation(trials, maximize=False)  # minimize: the smallest mean leads
+    assert [c.number for c in lower.candidates] == [0, 1, 2]
+    assert lower.gain_over_default == pytest.approx(1.0) and lower.best.is_default
+
+
+def test_a_config_that_failed_a_run_ranks_behind_every_config_that_never_did():
+    trials = [
+        _trial(0, 1.0, 9.0), _trial(1, 2.0, 8.0),
+        _trial(2, 1.0, 9.5, **{CONFIRMS: 0}),
+        _trial(3, 1.0, state=TrialState.FAIL, **{CONFIRMS: 0, FAILURE_REASON: "oom"}),
+        _trial(4, 2.0, 7.0, **{CONFIRMS: 1}),
+        # no run was spent on these: they say nothing about config 1
+        _trial(5, 2.0, state=TrialState.FAIL, **{CONFIRMS: 1, FAILURE_REASON: "worker_died"}),
+        _trial(6, 2.0, state=TrialState.FAIL,
+               **{FAILURE_REASON: "oom", FIDELITY: "simulator"}),
+    ]
+    found = read_confirmation(trials, maximize=True)
+    assert [c.number for c in found.candidates] == [1, 0]
+    assert found.candidates[1].failures == ("oom",) and found.best.failures == ()
+    text = "\n".join(f"{label} {row}" for label, row in confirmation_rows(found, ""))
+    assert "failed to confirm config of trial #0: oom in 1 of 2 runs" in text
+
+
+def test_targets_are_the_top_configs_and_the_default_less_what_they_have_asked_for():
+    trials = [
+        _trial(0, 1.0, 1.0, **{DEFAULT_CONFIG: True}),
+        _trial(1, 2.0, 5.0), _trial(2, 3.0, 4.0), _trial(3, 4.0, 3.0), _trial(4, 2.0, 4.0),
+        _trial(5, 2.0, 4.4, **{CONFIRMS: 1}),
+        _trial(6, 3.0, state=TrialState.FAIL, **{CONFIRMS: 2, FAILURE_REASON: "crash"}),
+        _trial(7, 3.0, state=TrialState.WAITING, **{CONFIRMS: 2}),
+    ]
+    targets = confirmation_targets(trials, maximize=True, top=2, repeats=2)
+    # config 1's search mean is 4.5 (5.0 and 4.0), config 2's 4.0; config 3 is third
+    assert [(c.number, missing) for c, missing in targets] == [(1, 1), (2, 0), (0, 2)]
+    no_default = confirmation_targets(trials, maximize=True, top=3, repeats=2,
+                                      include_default=False)
+    assert [c.number for c, _ in no_default] == [1, 2, 3]
+    assert [c.number for c, _ in confirmation_targets(
+        trials, maximize=False, top=1, repeats=1, include_default=False)] == [0]
+    assert read_confirmation(trials[:5], maximize=True) is None  # nothing confirmed yet
+
+
+def _objective(trial):
+    layout = trial.suggest_categorical("layout", ["a", "b"])
+    x = trial.suggest_float("x", 0.0, 1.0)
+    return (2.0 if layout == "b" else 1.0) + x + 0.05 * math.sin(1000 * x * (trial.number + 1))
+
+
+def test_confirm_best_runs_the_missing_runs_once_and_the_search_goes_on_after_it():
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(seed=0))
+    study.enqueue_trial({"layout": "a", "x": 0.5}, user_attrs={DEFAULT_CONFIG: True})
+    study.optimize(_objective, n_trials=20)
+    found = confirm_best(study, _objective, top=2, repeats=2)
+    confirming = [t for t in study.trials if CONFIRMS in t.user_attrs]
+    assert len(study.trials) == 26 and len(confirming) == 6
+    assert {t.user_attrs[ARM] for t in confirming} == {"confirm"}
+    assert all(t.state == TrialState.COMPLETE for t in confirming)
+    assert [c.runs for c in found.candidates if not c.is_default] == [2, 2]
+    assert found.default is not None and found.default.runs == 3
+    # every run a config has counts: asking again adds nothing
+    again = confirm_best(study, _objective, top=2, repeats=2)
+    assert len(study.trials) == 26 and again == found
+    # and the search goes on as one study: confirmation trials take no arm's credit
+    study.optimize(_objective, n_trials=10)
+    later = [t.user_attrs[ARM] for t in study.trials[26:]]
+    assert len(later) == 10 and "confirm" not in later
+    stats = [t.user_attrs.get("autoscout:bandit") or {} for t in study.trials[26:]]
+    assert all("confirm" not in s for s in stats)
+
+
+def test_confirmation_runs_are_real_even_where_the_simulator_would_prune_or_refuse_them():
+    refuse = {"on": False}
+
+    def estimate(config):
+        if refuse["on"]:
+            raise Infeasible("oom", "the simulator says it does not fit")
+        return 0.1 * config["x"]  # ranks right, far too low: prunes once trusted
+
+    objective = multi_fidelity_objective(
+        suggest=lambda trial: {"x": trial.suggest_float("x", 0.0, 1.0)},
+        estimate=estimate, measure=lambda config: config["x"],
+    )
+    study = optuna.create_study(direction="maximize", pruner=FidelityPruner(),
+                                sampler=optuna.samplers.RandomSampler(seed=1))
+    study.optimize(objective, n_trials=30, catch=(Infeasible,))
+    refuse["on"] = True
+    found = confirm_best(study, objective, top=3, repeats=2)
+    confirming = [t for t in study.trials if CONFIRMS in t.user_attrs]
+    assert len(confirming) == 6 and all(t.state == TrialState.COMPLETE for t in confirming)
+    assert {t.user_attrs["autoscout:fidelity_reason"] for t in confirming} == {"confirmation"}
+    assert [c.runs for c in found.candidates] == [2, 2, 2]
+
+
+def test_the_pruner_lets_a_confirmation_run_through_whatever_its_estimate():
+    space = {"x": FloatDistribution(0.0, 1.0)}
+    pruner = FidelityPruner(n_warmup_real=2, min_pairs=2, trust_window=None,
+                            validation_period=None)
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    for x in (0.9, 0.8, 0.7):  # the estimate tracks reality: trusted from here on
+        trial = study.ask(space)
+        trial.report(x, 0)
+        trial.should_prune()
+        study.tell(trial, x)
+    hopeless = study.ask(space)
+    hopeless.report(0.01, 0)
+    assert hopeless.should_prune() is True  # any other trial with this estimate is pruned
+    study.tell(hopeless, state=TrialState.PRUNED)
+    study.enqueue_trial({"x": 0.1}, user_attrs={CONFIRMS: 0})
+    trial = study.ask(space)
+    trial.report(0.01, 0)
+    assert trial.should_prune() is False
+    assert study.trials[-1].user_attrs["autoscout:fidelity_reason"] == "confirmation"
+
+
+def test_a_confirmation_run_that_fails_is_recorded_and_the_others_run():
+    calls = {"n": 0}
+
+    def objective(trial):
+        x = trial.suggest_float("x", 0.0, 1.0)
+        if CONFIRMS in trial.user_attrs:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                trial.set_user_attr(FAILURE_REASON, "nan")
+                raise Infeasible("nan", "loss went NaN")
+        return x
+
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(seed=2))
+    study.optimize(objective, n_trials=12)
+    found = confirm_best(study, objective, top=2, repeats=2)
+    failed = [t for t in study.trials if CONFIRMS in t.user_attrs and t.state == TrialState.FAIL]
+    assert len(failed) == 1 and calls["n"] == 4
+    assert found.candidates[-1].failures == ("nan",) and not found.best.failures
+
+
+def test_the_summary_and_the_note_ship_the_confirmed_config():
+    trials = [
+        _trial(0, 1.0, 5.0, **{DEFAULT_CONFIG: True}),
+        _trial(1, 2.0, 10.0), _trial(2, 3.0, 8.0),
+        _trial(3, 2.0, 6.0, **{CONFIRMS: 1}), _trial(4, 3.0, 7.0, **{CONFIRMS: 2}),
+        _trial(5, 3.0, 7.4, **{CONFIRMS: 2}), _trial(6, 1.0, 5.2, **{CONFIRMS: 0}),
+    ]
+    study = optuna.create_study(direction="maximize")
+    study.add_trials(trials)
+    text = summary_text(study)
+    assert "best               10 (trial #1)" in text
+    assert "confirmed best     7.2 +- 0.2, mean of 2 runs, config of trial #2" in text
+    assert "the best single run's config, trial #1: 6, mean of 1 runs" in text
+    assert "confirmed default  5.1 +- 0.1, mean of 2 runs" in text
+    assert "confirmed gain     1.41x +- 0.05" in text
+    assert text.split("Best configuration (confirmed):")[1].split() == ["x", "3"]
+    note = note_markdown(summarize(study))
+    assert "Confirmed: **7.2**, mean of 2 runs of the config of trial #2" in note
+    assert "| #2 | 2 | 7.2 | 0.2 | 8 | - |" in note
+    assert "**1.41x** +- 0.05 (standard error)" in note
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"top": 0}, "top must be an int >= 1"),
+    ({"repeats": 0}, "repeats must be an int >= 1"),
+    ({"top": True}, "top must be an int >= 1"),
+])
+def test_bad_arguments_are_named_and_nothing_runs(kwargs, message):
+    study = optuna.create_study()
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    with pytest.raises(ValueError, match=message):
+        confirm_best(study, lambda t: 0.0, **kwargs)
+    assert len(study.trials) == 3
+
+
+def test_a_study_without_real_runs_has_nothing_to_confirm():
+    study = optuna.create_study()
+    found = confirm_best(study, lambda t: 1.0)
+    assert found.best is None and found.candidates == () and len(study.trials) == 0
+    assert found.gain_over_default is None and not found.changed_winner
+
+
+def test_structural_params_are_confirmed_as_stored():
+    space = {"layout": CategoricalDistribution(["a", "b"]), "x": FloatDistribution(0, 1)}
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(seed=4))
+    study.optimize(lambda t: _objective(t), n_trials=15)
+    best = study.best_trial
+    confirm_best(study, _objective, top=1, repeats=1, include_default=False)
+    last = study.trials[-1]
+    assert last.params == best.params and set(last.distributions) == set(space)
+
+
+def test_the_docstring_example_runs():
+    doc = confirm_best.__doc__.split(".. testcode::")[1].split("    Args:")[0]
+    code = textwrap.dedent(doc.strip("\n"))
+    namespace: dict = {}
+    exec(compile(code, "confirm_best example", "exec"), namespace)  # noqa: S102 - our own text
+    assert len(namespace["study"].trials) == 24  # 20 trials and 2 configs confirmed twice
