@@ -111,11 +111,9 @@ class Confirmation:
     def gain_over_default(self) -> float | None:
         """Mean over mean, >1 is better than the default; None without both."""
         best, default = self.best, self.default
-        if best is None or default is None or best.mean is None or default.mean is None:
+        if best is None or default is None:
             return None
-        if self.direction == "maximize":
-            return best.mean / default.mean if default.mean > 0 else None
-        return default.mean / best.mean if best.mean > 0 else None
+        return gain_ratio(best.mean, default.mean, self.direction)
 
     @property
     def gain_stderr(self) -> float | None:
@@ -128,6 +126,16 @@ class Confirmation:
             return None
         relative = math.hypot(best.stderr / best.mean, default.stderr / default.mean)
         return abs(gain) * relative
+
+
+def gain_ratio(best: float | None, default: float | None, direction: str) -> float | None:
+    """How many times better ``best`` is than ``default`` (>1 is better) in ``direction``;
+    None without both, or where the ratio's denominator is not positive."""
+    if best is None or default is None:
+        return None
+    if direction == "maximize":
+        return best / default if default > 0 else None
+    return default / best if best > 0 else None
 
 
 def confirm_best(

@@ -28,7 +28,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _storage
-from autoscout_optuna._confirm import Confirmation, read_confirmation
+from autoscout_optuna._confirm import Confirmation, gain_ratio, read_confirmation
 from autoscout_optuna._keys import ARM, DEFAULT_CONFIG, SIM_ERROR, TRUE_VALUE
 from autoscout_optuna._progress import format_value, is_predicted_failure
 
@@ -65,12 +65,7 @@ class SearchSummary:
         """How many times better the best real value is than the default's (>1 is better)."""
         # The default is measured noiselessly where the study can: compare like with like.
         best = self.best_true_value if self.best_true_value is not None else self.best_value
-        default = self.default_value
-        if best is None or default is None:
-            return None
-        if self.direction == "maximize":
-            return best / default if default > 0 else None
-        return default / best if best > 0 else None
+        return gain_ratio(best, self.default_value, self.direction)
 
 
 def summarize(study: optuna.Study) -> SearchSummary:
