@@ -260,7 +260,7 @@ def read_confirmation(
 def _configs(trials: Sequence[FrozenTrial]) -> dict[tuple, ConfirmedConfig]:
     """Every config that ran (COMPLETE or FAIL with params), keyed by its params."""
     default = next((t for t in trials if t.user_attrs.get(_keys.DEFAULT_CONFIG)), None)
-    default_key = None if default is None or not default.params else _key(default.params)
+    default_key = None if default is None or not default.params else config_key(default.params)
     first: dict[tuple, FrozenTrial] = {}
     confirming: dict[tuple, list[float]] = {}
     searched: dict[tuple, list[float]] = {}
@@ -268,7 +268,7 @@ def _configs(trials: Sequence[FrozenTrial]) -> dict[tuple, ConfirmedConfig]:
     for trial in trials:
         if not trial.params or trial.state not in (TrialState.COMPLETE, TrialState.FAIL):
             continue
-        key = _key(trial.params)
+        key = config_key(trial.params)
         if trial.state == TrialState.COMPLETE:
             if trial.value is None or not math.isfinite(trial.value):
                 continue
@@ -305,7 +305,7 @@ def _single_best(
     if not complete:
         return None
     best = (max if maximize else min)(complete, key=lambda t: t.value)
-    return configs[_key(best.params)].number
+    return configs[config_key(best.params)].number
 
 
 def _oriented(value: float | None, maximize: bool) -> float:
@@ -314,5 +314,7 @@ def _oriented(value: float | None, maximize: bool) -> float:
     return value if maximize else -value
 
 
-def _key(params: Mapping[str, Any]) -> tuple:
+def config_key(params: Mapping[str, Any]) -> tuple:
+    """A hashable identity of a config: its params, by name (two trials with equal params run
+    the same config)."""
     return tuple(sorted((name, repr(value)) for name, value in params.items()))
