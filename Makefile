@@ -26,6 +26,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m autoscout_optuna.benchmark $(ARGS)
+	$(if $(strip $(ARGS)),,$(PY) -m autoscout_optuna.benchmark.confirmation)
 
 gpu-check:
 	bash scripts/gpu_check.sh

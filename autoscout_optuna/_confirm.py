@@ -147,6 +147,7 @@ def confirm_best(
     include_default: bool = True,
     catch: tuple[type[Exception], ...] = (Infeasible,),
     callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] | None = None,
+    timeout: float | None = None,
 ) -> Confirmation:
     """Run the ``top`` configs (by the mean of their real runs so far) and the default config
     ``repeats`` times more each, then rank them by the mean of those runs.
@@ -155,7 +156,9 @@ def confirm_best(
     ``AutoScoutSampler`` records them as ``confirm`` (no search decision is taken, none is
     credited to an arm) and ``FidelityPruner`` always lets them run for real. A config's
     confirmation trials count, finished, failed or still queued, so calling it again (after an
-    interruption, or from a second worker) only tops up what is missing. A confirmation run
+    interruption, or from a worker started later) only tops up what is missing; workers
+    calling it at the same moment may each queue the missing runs (more runs of the same
+    configs, nothing lost). A confirmation run
     that fails is recorded with its reason like any trial and not retried: a config that cannot
     run every time ranks behind those that can.
 
@@ -185,6 +188,8 @@ def confirm_best(
             does).
         catch: Exceptions that fail a confirmation run without stopping the others.
         callbacks: Passed to ``study.optimize`` (e.g. a progress reporter).
+        timeout: Stop starting confirmation runs after this many seconds (``study.optimize``'s
+            ``timeout``); the runs not made stay queued, and a later call runs them.
 
     Returns:
         The :class:`Confirmation` read back from storage (other workers' runs included).
@@ -196,16 +201,18 @@ def confirm_best(
     if len(study.directions) != 1:
         raise ValueError("confirm_best needs a single-objective study")
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-    queued = 0
     for target, missing in confirmation_targets(
         study.get_trials(deepcopy=False), maximize=maximize, top=top, repeats=repeats,
         include_default=include_default,
     ):
         for _ in range(missing):
             study.enqueue_trial(dict(target.params), user_attrs={_keys.CONFIRMS: target.number})
-            queued += 1
-    if queued:
-        study.optimize(objective, n_trials=queued, catch=catch, callbacks=callbacks)
+    # what this call queued, and what an earlier one left queued (a timeout, an interruption)
+    waiting = sum(_keys.CONFIRMS in t.user_attrs
+                  for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    if waiting:
+        study.optimize(objective, n_trials=waiting, catch=catch, callbacks=callbacks,
+                       timeout=timeout)
     trials = study.get_trials(deepcopy=False)
     found = read_confirmation(trials, maximize=maximize)
     if found is not None:

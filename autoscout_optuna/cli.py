@@ -220,7 +220,13 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         reporter.close()
     if args.confirm and not interrupted:
-        interrupted = _confirm(study, objective, args, definition.metric)
+        # --timeout bounds the whole run: the confirmation gets what the search left of it
+        left = None if args.timeout is None else args.timeout - (time.monotonic() - started)
+        if left is not None and left <= 0:
+            print("--confirm: the --timeout is spent, nothing confirmed (run again with a "
+                  "longer --timeout to confirm)", file=sys.stderr)
+        else:
+            interrupted = _confirm(study, objective, args, definition.metric, left)
     if interrupted:
         print("interrupted: every finished trial is stored; the same command resumes the study",
               file=sys.stderr)
@@ -234,7 +240,10 @@ def _run(args: argparse.Namespace) -> int:
     return 130 if interrupted else 0
 
 
-def _confirm(study: optuna.Study, objective: Any, args: argparse.Namespace, metric: str) -> bool:
+def _confirm(
+    study: optuna.Study, objective: Any, args: argparse.Namespace, metric: str,
+    timeout: float | None,
+) -> bool:
     """``--confirm``: re-run the top configs and the default; whether Ctrl-C stopped it."""
     from autoscout_optuna import Infeasible, confirm_best
     from autoscout_optuna._progress import ProgressReporter
@@ -244,7 +253,8 @@ def _confirm(study: optuna.Study, objective: Any, args: argparse.Namespace, metr
     reporter = ProgressReporter(n_trials=None, metric=metric)
     try:
         confirm_best(study, objective, top=args.confirm_top, repeats=args.confirm,
-                     catch=(Infeasible,), callbacks=[reporter, _NoteRefresher(args.artifact_dir)])
+                     catch=(Infeasible,), callbacks=[reporter, _NoteRefresher(args.artifact_dir)],
+                     timeout=timeout)
     except KeyboardInterrupt:
         return True  # what ran is stored; the same command tops up the rest
     finally:

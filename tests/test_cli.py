@@ -149,6 +149,15 @@ def test_run_confirms_the_top_configs_and_ships_the_confirmed_one(toy, capsys):
     assert status == 0 and len(added) <= 2  # at most the one new trial's config, twice
 
 
+def test_confirm_stays_within_the_timeout_of_the_whole_run(toy, capsys):
+    from autoscout_optuna._keys import CONFIRMS
+
+    status, _, err = _run_cli(capsys, "run", "toy_study.py", "--timeout", "1e-9", "--confirm",
+                              "2", "--seed", "1")
+    assert status == 0 and "--confirm: the --timeout is spent, nothing confirmed" in err
+    assert not [t for t in _study(toy).trials if CONFIRMS in t.user_attrs]
+
+
 def test_confirm_takes_a_count_of_runs(toy, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["run", "toy_study.py", "--confirm", "-1"])

@@ -243,3 +243,14 @@ def test_the_docstring_example_runs():
     namespace: dict = {}
     exec(compile(code, "confirm_best example", "exec"), namespace)  # noqa: S102 - our own text
     assert len(namespace["study"].trials) == 24  # 20 trials and 2 configs confirmed twice
+
+
+def test_a_timeout_leaves_the_runs_not_made_queued_for_a_later_call():
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(seed=5))
+    study.optimize(_objective, n_trials=10)
+    confirm_best(study, _objective, top=2, repeats=2, include_default=False, timeout=1e-9)
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert len(waiting) == 4 and all(CONFIRMS in t.user_attrs for t in waiting)
+    found = confirm_best(study, _objective, top=2, repeats=2, include_default=False)
+    assert len(study.trials) == 14 and [c.runs for c in found.candidates] == [2, 2]
+

@@ -24,6 +24,7 @@ RUN = ["study", "contender", "seed"]
 FAILS_IGNORED_AT_START = 20  # "FAIL after 20": failures once a sampler has had time to learn
 # A run "beats" a stored optimum by more than trials.csv's rounding (6 significant digits)
 BEATEN_TOLERANCE = 1e-5
+CSV_FLOAT_FORMAT = "%.6g"  # trials.csv and summary.csv: what a replay compares against
 
 
 def with_optimum(trials: pd.DataFrame) -> pd.DataFrame:
@@ -326,10 +327,10 @@ def _draw_panel(
 def write_report(suite: Suite, trials: pd.DataFrame, directory: Path) -> pd.DataFrame:
     """Write trials.csv, summary.csv, summary.md and best_so_far.png; return the summary."""
     directory.mkdir(parents=True, exist_ok=True)
-    trials.to_csv(directory / "trials.csv", index=False, float_format="%.6g")
+    trials.to_csv(directory / "trials.csv", index=False, float_format=CSV_FLOAT_FORMAT)
     frame = with_optimum(trials)  # once: it warns where a run beat a stored optimum
     summary = summarize(frame, suite.budgets, suite.n_trials)
-    summary.to_csv(directory / "summary.csv", index=False, float_format="%.6g")
+    summary.to_csv(directory / "summary.csv", index=False, float_format=CSV_FLOAT_FORMAT)
     header = f"# {suite.name}\n\n{suite.description}\n\n" if suite.description else ""
     header += f"{suite.n_trials} trials per run, up to {suite.n_seeds} seeds.\n\n"
     (directory / "summary.md").write_text(header + markdown(summary, suite.budgets, suite.n_trials))
