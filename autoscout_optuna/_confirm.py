@@ -156,11 +156,11 @@ def confirm_best(
     ``AutoScoutSampler`` records them as ``confirm`` (no search decision is taken, none is
     credited to an arm) and ``FidelityPruner`` always lets them run for real. A config's
     confirmation trials count, finished, failed or still queued, so calling it again (after an
-    interruption, or from a worker started later) only tops up what is missing; workers
-    calling it at the same moment may each queue the missing runs (more runs of the same
-    configs, nothing lost). A confirmation run
-    that fails is recorded with its reason like any trial and not retried: a config that cannot
-    run every time ranks behind those that can.
+    interruption, or from a worker started later) only tops up what is missing and runs what
+    is still queued; workers calling it at the same moment may each queue the missing runs
+    (more runs of the same configs, nothing lost). A confirmation run that fails is recorded
+    with its reason like any trial and not retried: a config that cannot run every time ranks
+    behind those that can.
 
     Example:
 
