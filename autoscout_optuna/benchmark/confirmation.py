@@ -23,6 +23,7 @@ and seed), ``summary.md`` and ``confirmation.png`` to ``DIR/confirmation/`` (def
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import statistics
 import sys
@@ -31,6 +32,10 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from autoscout_optuna.benchmark.paired import TIE, interval_90
 
 SUITE = "confirmation"
 TOP, REPEATS = 3, 2
@@ -92,7 +97,7 @@ def summary_markdown(rows: Sequence[dict[str, Any]], command: str) -> str:
         "config delivers).", "",
         f"Command: `{command}`", "",
         "| study | seeds | trials | shipped true/opt, single best (median) | confirmed "
-        "(median) | confirmed - single, mean [90 % CI] | better / same / worse config | gain "
+        "(median) | confirmed - single, mean [90 % CI] | better / within 0.001 / worse | gain "
         "error, single best (median [q10, q90]) | confirmed (median [q10, q90]) | confirmed "
         "true gain within its 2 std. errors | confirmation runs (median) |",
         "|" + "---|" * 11,
@@ -103,8 +108,8 @@ def summary_markdown(rows: Sequence[dict[str, Any]], command: str) -> str:
         confirmed = [row["confirmed_true"] / row["optimum"] for row in mine]
         sign = 1.0 if mine[0]["direction"] == "maximize" else -1.0
         diffs = [sign * (c - s) for c, s in zip(confirmed, single, strict=True)]
-        better = sum(d > 1e-12 for d in diffs)
-        worse = sum(d < -1e-12 for d in diffs)
+        better = sum(d > TIE for d in diffs)
+        worse = sum(d < -TIE for d in diffs)
         single_error = [row["single_gain_reported"] / row["single_gain_true"] - 1
                         for row in mine]
         confirmed_error = [row["confirmed_gain_reported"] / row["confirmed_gain_true"] - 1
@@ -112,8 +117,8 @@ def summary_markdown(rows: Sequence[dict[str, Any]], command: str) -> str:
         covered = [abs(row["confirmed_gain_reported"] - row["confirmed_gain_true"])
                    <= 2 * row["confirmed_gain_stderr"]
                    for row in mine if row["confirmed_gain_stderr"] is not None]
-        mean, half = _mean_ci(diffs)
-        interval = ("n/a" if half != half  # one seed: no interval
+        mean, half = statistics.fmean(diffs), interval_90(np.asarray(diffs))
+        interval = ("n/a" if not math.isfinite(half)  # one seed: no interval
                     else f"[{mean - half:+.4f}, {mean + half:+.4f}]")
         lines.append(
             f"| {study} | {len(mine)} | {mine[0]['trials']} | {statistics.median(single):.4f} "
@@ -199,14 +204,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_job(job: tuple[str, Any, int, int]) -> dict[str, Any]:
     return run_seed(*job)
-
-
-def _mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 90 % normal interval."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    return mean, 1.645 * statistics.stdev(values) / len(values) ** 0.5
 
 
 def _spread(values: Sequence[float]) -> str:

@@ -177,10 +177,17 @@ def _late_fails(frame: pd.DataFrame, n_trials: int) -> pd.DataFrame:
     return counts
 
 
+def interval_90(differences: np.ndarray) -> float:
+    """Half-width of the normal 90 % interval of the mean of per-seed ``differences``; NaN
+    with one seed."""
+    if len(differences) < 2:
+        return math.nan
+    return Z_90 * float(np.std(differences, ddof=1)) / math.sqrt(len(differences))
+
+
 def _row(study: str, budget: int, a: np.ndarray, b: np.ndarray,
          fails: list[pd.Series]) -> dict:
     difference = b - a
-    spread = float(np.std(difference, ddof=1)) if len(difference) > 1 else math.nan
     return {
         "study": study,
         "budget": budget,
@@ -188,7 +195,7 @@ def _row(study: str, budget: int, a: np.ndarray, b: np.ndarray,
         "before_median": float(np.median(a)),
         "after_median": float(np.median(b)),
         "mean_difference": float(difference.mean()),
-        "interval_90": Z_90 * spread / math.sqrt(len(difference)),
+        "interval_90": interval_90(difference),
         "better": int((difference > TIE).sum()),
         "worse": int((difference < -TIE).sum()),
         "before_at_99": int((a >= 0.99 - 1e-12).sum()),
