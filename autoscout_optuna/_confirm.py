@@ -31,9 +31,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _keys
 from autoscout_optuna._failure import Infeasible
-
-# A run lost with its worker says nothing about the config (``_recovery`` re-queues it).
-_NOT_THE_CONFIG = frozenset({"worker_died"})
+from autoscout_optuna._progress import is_predicted_failure, real_value
+from autoscout_optuna._recovery import WORKER_DIED
+from autoscout_optuna._space import config_key
 
 
 @dataclass(frozen=True)
@@ -277,14 +277,15 @@ def _configs(trials: Sequence[FrozenTrial]) -> dict[tuple, ConfirmedConfig]:
             continue
         key = config_key(trial.params)
         if trial.state == TrialState.COMPLETE:
-            if trial.value is None or not math.isfinite(trial.value):
+            value = real_value(trial)
+            if value is None:
                 continue
             # the default's runs were not picked for their value: all of them are fair
             fair = trial.user_attrs.get(_keys.CONFIRMS) is not None or key == default_key
-            (confirming if fair else searched).setdefault(key, []).append(float(trial.value))
+            (confirming if fair else searched).setdefault(key, []).append(value)
         else:
             reason = str(trial.user_attrs.get(_keys.FAILURE_REASON, "error"))
-            if reason in _NOT_THE_CONFIG or trial.user_attrs.get(_keys.FIDELITY) == "simulator":
+            if reason == WORKER_DIED or is_predicted_failure(trial):
                 continue  # no run was spent on it (a lost worker, a simulator's prediction)
             failures.setdefault(key, []).append(reason)
         first.setdefault(key, trial)
@@ -307,11 +308,10 @@ def _search_mean(config: ConfirmedConfig) -> float | None:
 def _single_best(
     trials: Sequence[FrozenTrial], configs: Mapping[tuple, ConfirmedConfig], maximize: bool
 ) -> int | None:
-    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None
-                and math.isfinite(t.value)]
+    complete = [t for t in trials if real_value(t) is not None]
     if not complete:
         return None
-    best = (max if maximize else min)(complete, key=lambda t: t.value)
+    best = (max if maximize else min)(complete, key=real_value)
     return configs[config_key(best.params)].number
 
 
@@ -321,7 +321,3 @@ def _oriented(value: float | None, maximize: bool) -> float:
     return value if maximize else -value
 
 
-def config_key(params: Mapping[str, Any]) -> tuple:
-    """A hashable identity of a config: its params, by name (two trials with equal params run
-    the same config)."""
-    return tuple(sorted((name, repr(value)) for name, value in params.items()))

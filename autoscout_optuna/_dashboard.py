@@ -28,9 +28,14 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _storage
-from autoscout_optuna._confirm import Confirmation, gain_ratio, read_confirmation
+from autoscout_optuna._confirm import (
+    Confirmation,
+    ConfirmedConfig,
+    gain_ratio,
+    read_confirmation,
+)
 from autoscout_optuna._keys import ARM, DEFAULT_CONFIG, SIM_ERROR, TRUE_VALUE
-from autoscout_optuna._progress import format_value, is_predicted_failure
+from autoscout_optuna._progress import format_value, is_predicted_failure, real_value
 
 ORDER_KEY = "mcts:order"  # the feature priority order MCTSSampler used for a trial
 ARTIFACT_IDS_KEY = "autoscout:dashboard_artifacts"  # study user attr: plot file -> artifact id
@@ -61,6 +66,12 @@ class SearchSummary:
     confirmation: Confirmation | None = None  # re-runs of the top configs, when any were made
 
     @property
+    def confirmed_best(self) -> ConfirmedConfig | None:
+        """The config to ship after confirmation runs (``autoscout_optuna._confirm``); None
+        without them."""
+        return self.confirmation.best if self.confirmation is not None else None
+
+    @property
     def gain_over_default(self) -> float | None:
         """How many times better the best real value is than the default's (>1 is better)."""
         # The default is measured noiselessly where the study can: compare like with like.
@@ -72,8 +83,8 @@ def summarize(study: optuna.Study) -> SearchSummary:
     """Count, rank and pair up the trials of a single-objective ``study``."""
     trials = _fresh_trials(study)
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-    complete = [t for t in trials if _real_value(t) is not None]
-    best = (max if maximize else min)(complete, key=_real_value) if complete else None
+    complete = [t for t in trials if real_value(t) is not None]
+    best = (max if maximize else min)(complete, key=real_value) if complete else None
     arms: dict[str, dict[str, Any]] = {}
     for trial in trials:
         if not trial.state.is_finished():
@@ -85,7 +96,7 @@ def summarize(study: optuna.Study) -> SearchSummary:
         row["trials"] += 1
         kind = _kind(trial)
         row[kind] += 1
-        value = _real_value(trial)
+        value = real_value(trial)
         if value is not None and (
             row["best"] is None or (value > row["best"] if maximize else value < row["best"])
         ):
@@ -100,7 +111,7 @@ def summarize(study: optuna.Study) -> SearchSummary:
         simulated=counts["simulated"],
         failed=counts["failed"],
         best_number=None if best is None else best.number,
-        best_value=None if best is None else _real_value(best),
+        best_value=None if best is None else real_value(best),
         best_true_value=None if best is None else _number(best.user_attrs.get(TRUE_VALUE)),
         best_params={} if best is None else dict(best.params),
         metric=str(user_attrs.get(METRIC_KEY, "")),
@@ -125,7 +136,7 @@ def note_markdown(summary: SearchSummary, plot_links: Mapping[str, str] | None =
         "",
         "### Best configuration",
     ]
-    confirmed = summary.confirmation.best if summary.confirmation is not None else None
+    confirmed = summary.confirmed_best
     if summary.best_value is None:
         lines += ["", "No real run has completed yet."]
     else:
@@ -284,7 +295,7 @@ def _plot_best_by_arm(ax: Any, trials: list[FrozenTrial], maximize: bool) -> boo
         by_arm.setdefault(str(trial.user_attrs.get(ARM, NO_ARM)), []).append(trial)
     drew = False
     for arm, arm_trials in sorted(by_arm.items()):
-        real = [(t.number, _real_value(t)) for t in arm_trials if _real_value(t) is not None]
+        real = [(t.number, real_value(t)) for t in arm_trials if real_value(t) is not None]
         estimates = [(t.number, t.intermediate_values[max(t.intermediate_values)])
                      for t in arm_trials if _kind(t) == "simulated"]
         if not real and not estimates:
@@ -368,7 +379,7 @@ def _fresh_trials(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def _kind(trial: FrozenTrial) -> str:
-    if _real_value(trial) is not None:
+    if real_value(trial) is not None:
         return "real"
     if trial.state == TrialState.PRUNED and trial.intermediate_values:
         return "simulated"
@@ -397,23 +408,17 @@ def default_trial_value(trials: list[FrozenTrial]) -> float | None:
     if marked is None or not marked.params:  # not queued, or still waiting to run
         return None
     for trial in trials:
-        if trial.params == marked.params and _real_value(trial) is not None:
+        if trial.params == marked.params and real_value(trial) is not None:
             true_value = _number(trial.user_attrs.get(TRUE_VALUE))
-            return true_value if true_value is not None else _real_value(trial)
+            return true_value if true_value is not None else real_value(trial)
     return None
-
-
-def _real_value(trial: FrozenTrial) -> float | None:
-    if trial.state != TrialState.COMPLETE or trial.value is None or not math.isfinite(trial.value):
-        return None
-    return float(trial.value)
 
 
 def _simulator_errors(trials: list[FrozenTrial]) -> list[tuple[int, float]]:
     """(trial number, |estimate - real| / |real|) for trials with a step-0 estimate and a value."""
     errors = []
     for trial in trials:
-        real = _real_value(trial)
+        real = real_value(trial)
         estimate = trial.intermediate_values.get(0)
         if real is None or estimate is None or not math.isfinite(estimate) or real == 0:
             continue

@@ -147,7 +147,7 @@ def summary_text(study: optuna.Study, added: int | None = None) -> str:
         gain = summary.gain_over_default
         rows.append(("default config", f"{format_value(summary.default_value)}{unit}"))
         rows.append(("gain over default", "n/a" if gain is None else f"{gain:.2f}x"))
-    confirmed = summary.confirmation.best if summary.confirmation is not None else None
+    confirmed = summary.confirmed_best
     if confirmed is not None:
         rows += confirmation_rows(summary.confirmation, unit)
     lines = [f"Study {summary.study_name!r} ({summary.direction}): {summary.n_trials} trials"
@@ -223,6 +223,13 @@ def failure_text(trial: FrozenTrial) -> str:
     # A simulator-refused config carries the reason it would fail with (``timeout``, ``oom``);
     # bare, that reads like a run that hung or crashed.
     return f"{reason}, predicted" if is_predicted_failure(trial) else reason
+
+
+def real_value(trial: FrozenTrial) -> float | None:
+    """A COMPLETE trial's finite value (a measurement); None for anything else."""
+    if trial.state != TrialState.COMPLETE or trial.value is None or not math.isfinite(trial.value):
+        return None
+    return float(trial.value)
 
 
 def is_predicted_failure(trial: FrozenTrial) -> bool:

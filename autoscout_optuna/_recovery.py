@@ -25,6 +25,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autoscout_optuna._keys import FAILURE_REASON, ORPHANED, RETRY_OF, WORKER
 from autoscout_optuna._storage import fail_trial, get_trials, set_system_attr, set_user_attr
 
+WORKER_DIED = "worker_died"  # the failure reason of a trial orphaned by its dead worker
+
 
 def worker_identity(pid: int | None = None) -> dict[str, Any]:
     """This process's identity: host, pid and the pid's start time (guards against pid reuse)."""
@@ -64,7 +66,7 @@ def recover_orphaned_trials(study: optuna.Study, *, retry: bool = True) -> list[
         if not is_orphaned(trial):
             continue
         set_system_attr(study, trial, ORPHANED, True)
-        set_user_attr(study, trial, FAILURE_REASON, "worker_died")
+        set_user_attr(study, trial, FAILURE_REASON, WORKER_DIED)
         fail_trial(study, trial)
         if retry and not getattr(study.sampler, "reproposes_orphans", False):
             study.enqueue_trial(dict(trial.params), user_attrs={RETRY_OF: trial.number},

@@ -53,6 +53,12 @@ def structure_key(
     return tuple((n, repr(params[n])) for n in sorted(params) if is_structural(distributions[n]))
 
 
+def config_key(params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A hashable key of a whole config: ``(name, repr(value))`` of every param, sorted by name
+    (two trials with equal params ran the same config)."""
+    return tuple(sorted((name, repr(value)) for name, value in params.items()))
+
+
 def discrete_values(dist: BaseDistribution) -> list[Any]:
     """Every value of a discrete domain, in order (choices for a categorical)."""
     if isinstance(dist, CategoricalDistribution):

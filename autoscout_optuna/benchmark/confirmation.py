@@ -46,9 +46,10 @@ def run_seed(label: str, definition: Any, seed: int, n_trials: int) -> dict[str,
     import optuna
 
     from autoscout_optuna import AutoScoutSampler, Infeasible, confirm_best
-    from autoscout_optuna._confirm import config_key, gain_ratio
+    from autoscout_optuna._confirm import gain_ratio
     from autoscout_optuna._keys import TRUE_VALUE
     from autoscout_optuna._objective import reference_objective
+    from autoscout_optuna._space import config_key
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

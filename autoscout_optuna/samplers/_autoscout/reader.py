@@ -27,7 +27,7 @@ from autoscout_optuna._history import (
     observation_of,
     settled_prefix_holds,
 )
-from autoscout_optuna._space import structure_key
+from autoscout_optuna._space import config_key, structure_key
 from autoscout_optuna._storage import get_trials
 from autoscout_optuna.samplers._autoscout.did import ArmOutcome, Ledger, pooled_noise, score_scale
 
@@ -66,7 +66,7 @@ def seen_of(obs: Observation, gains: Mapping[str, float | None] | None = None) -
         number=obs.number, params=obs.params, distributions=obs.distributions, kind=obs.kind,
         score=obs.score, user_attrs=obs.user_attrs,
         structure=structure_key(obs.params, obs.distributions),
-        config=tuple(sorted((n, repr(v)) for n, v in obs.params.items())),
+        config=config_key(obs.params),
         arm=arm if isinstance(arm, str) else "startup",
         gains=dict(gains or {}),
     )
