@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -158,9 +159,11 @@ def confirm_best(
     confirmation trials count, finished, failed or still queued, so calling it again (after an
     interruption, or from a worker started later) only tops up what is missing and runs what
     is still queued; workers calling it at the same moment may each queue the missing runs
-    (more runs of the same configs, nothing lost). A confirmation run that fails is recorded
-    with its reason like any trial and not retried: a config that cannot run every time ranks
-    behind those that can.
+    (more runs of the same configs, nothing lost). It runs the queue until no confirmation
+    trial is left in it and starts no search trial; Optuna's queue is first in, first out, so
+    trials queued before the confirmation ones (``study.enqueue_trial``) run first. A
+    confirmation run that fails is recorded with its reason like any trial and not retried: a
+    config that cannot run every time ranks behind those that can.
 
     Example:
 
@@ -207,18 +210,27 @@ def confirm_best(
     ):
         for _ in range(missing):
             study.enqueue_trial(dict(target.params), user_attrs={_keys.CONFIRMS: target.number})
-    # what this call queued, and what an earlier one left queued (a timeout, an interruption)
-    waiting = sum(_keys.CONFIRMS in t.user_attrs
-                  for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-    if waiting:
-        study.optimize(objective, n_trials=waiting, catch=catch, callbacks=callbacks,
-                       timeout=timeout)
+    # One trial at a time, the queue read again before each: other workers pop from the same
+    # queue, and an optimize call asked for more trials than the queue still holds would start
+    # search trials of its own.
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while _queued_confirmation_runs(study) and (deadline is None or time.monotonic() < deadline):
+        study.optimize(objective, n_trials=1, catch=catch, callbacks=callbacks)
     trials = study.get_trials(deepcopy=False)
     found = read_confirmation(trials, maximize=maximize)
     if found is not None:
         return found
     return Confirmation("maximize" if maximize else "minimize", (), None,
                         _single_best(trials, _configs(trials), maximize))
+
+
+def _queued_confirmation_runs(study: optuna.Study) -> bool:
+    """Whether a confirmation trial (this call's or one an earlier call left) waits in the queue.
+
+    Optuna runs its queue in trial order, so trials a user queued before it run first.
+    """
+    return any(_keys.CONFIRMS in t.user_attrs
+               for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
 
 def confirmation_targets(

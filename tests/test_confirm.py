@@ -254,3 +254,18 @@ def test_a_timeout_leaves_the_runs_not_made_queued_for_a_later_call():
     found = confirm_best(study, _objective, top=2, repeats=2, include_default=False)
     assert len(study.trials) == 14 and [c.runs for c in found.candidates] == [2, 2]
 
+
+
+def test_trials_queued_before_run_first_and_every_confirmation_run_is_still_made():
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(seed=5))
+    study.optimize(_objective, n_trials=10)
+    study.enqueue_trial({"layout": "b", "x": 0.25})
+    study.enqueue_trial({"layout": "a", "x": 0.75})
+    found = confirm_best(study, _objective, top=2, repeats=2, include_default=False)
+    # the two user-queued trials and four confirmation runs; no search trial of its own
+    assert len(study.trials) == 16
+    assert [t.params for t in study.trials[10:12]] == [
+        {"layout": "b", "x": 0.25}, {"layout": "a", "x": 0.75}]
+    assert all(CONFIRMS in t.user_attrs for t in study.trials[12:])
+    assert [c.runs for c in found.candidates] == [2, 2]
+    assert not study.get_trials(states=(TrialState.WAITING,))
