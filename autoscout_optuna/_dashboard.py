@@ -78,6 +78,54 @@ class SearchSummary:
         best = self.best_true_value if self.best_true_value is not None else self.best_value
         return gain_ratio(best, self.default_value, self.direction)
 
+    def to_record(self) -> dict[str, Any]:
+        """The summary as plain JSON data (``autoscout show --json``), the config to ship first:
+        the confirmed best where confirmation runs were made, else the best real run's.
+
+        Numbers that are not finite are ``None`` (JSON has no NaN); params are as the study
+        stored them.
+        """
+        confirmed = self.confirmed_best
+        if confirmed is not None:
+            ship = {"source": "confirmed", "trial": confirmed.number,
+                    "params": dict(confirmed.params)}
+        elif self.best_number is not None:
+            ship = {"source": "best_run", "trial": self.best_number,
+                    "params": dict(self.best_params)}
+        else:
+            ship = None
+        return {
+            "study": self.study_name,
+            "direction": self.direction,
+            "metric": self.metric or None,
+            "ship": ship,
+            "trials": {"finished": self.n_trials, "real": self.real,
+                       "simulated": self.simulated, "failed": self.failed,
+                       "predicted_failures": self.predicted_failures},
+            "best_run": None if self.best_number is None else {
+                "trial": self.best_number, "value": _number(self.best_value),
+                "noiseless_value": _number(self.best_true_value),
+                "params": dict(self.best_params)},
+            "default_value": _number(self.default_value),
+            "gain_over_default": _number(self.gain_over_default),
+            "confirmation": None if self.confirmation is None else _confirmation_record(
+                self.confirmation),
+        }
+
+
+def _confirmation_record(confirmation: Confirmation) -> dict[str, Any]:
+    return {
+        "gain_over_default": _number(confirmation.gain_over_default),
+        "gain_stderr": _number(confirmation.gain_stderr),
+        "changed_winner": confirmation.changed_winner,
+        "candidates": [  # best first, as the confirmation ranks them
+            {"trial": c.number, "is_default": c.is_default, "runs": c.runs,
+             "mean": _number(c.mean), "stderr": _number(c.stderr),
+             "failures": list(c.failures), "params": dict(c.params)}
+            for c in confirmation.candidates
+        ],
+    }
+
 
 def summarize(study: optuna.Study) -> SearchSummary:
     """Count, rank and pair up the trials of a single-objective ``study``."""

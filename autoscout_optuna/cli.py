@@ -4,6 +4,7 @@
 
     autoscout run llm_training --n-trials 40 --option preset=70b-512
     autoscout show                 # decisions table and best config of the study
+    autoscout show --json          # the same as JSON: ship.params is the config to ship
     autoscout dashboard            # optuna-dashboard on http://127.0.0.1:8080
     autoscout bench --suite baselines --quick
 
@@ -15,6 +16,7 @@ is written to storage.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import warnings
@@ -112,8 +114,9 @@ def _parser() -> argparse.ArgumentParser:
                      "(it runs as Python code: use only files you trust)")
     _add_storage(run)
     run.add_argument("--study-name", help="name in storage (default: STUDY); resumed if it exists")
-    run.add_argument("--n-trials", type=_positive_int, help="trials to add in this run "
-                     f"(default: the study's own default, else {DEFAULT_N_TRIALS})")
+    run.add_argument("--n-trials", type=_non_negative_int, help="trials to add in this run "
+                     f"(default: the study's own default, else {DEFAULT_N_TRIALS}; 0 with "
+                     "--confirm confirms a finished search)")
     run.add_argument("--timeout", type=_positive_float, help="stop starting trials after S seconds")
     run.add_argument("--seed", type=int, help="sampler seed (default: fresh randomness)")
     run.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
@@ -133,6 +136,9 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--last", type=int, default=20, help="rows of the table (0: all)")
     show.add_argument("--wide", action="store_true",
                       help="every decision column, not only the main ones")
+    show.add_argument("--json", action="store_true",
+                      help="print the summary as JSON instead (the config to ship under "
+                           "'ship'), for scripts")
     show.set_defaults(handler=_show)
 
     dash = commands.add_parser("dashboard", help="start optuna-dashboard on the storage")
@@ -299,6 +305,11 @@ def _show(args: argparse.Namespace) -> int:
 
     storage = open_storage(args.storage, must_exist=True)
     study = load_existing_study(storage, args.study_name)
+    if args.json:
+        from autoscout_optuna._dashboard import summarize
+
+        print(json.dumps(summarize(study).to_record(), indent=2))
+        return 0
     table = decisions_table(study)
     if not args.wide:
         table = table[[c for c in SHOW_COLUMNS if c in table.columns]]

@@ -88,7 +88,7 @@ def test_unknown_study_lists_the_bundled_ones(toy, capsys):
 
 def test_argparse_errors_are_exit_2(toy, capsys):
     with pytest.raises(SystemExit) as exc:
-        cli.main(["run", "toy_study.py", "--n-trials", "0"])
+        cli.main(["run", "toy_study.py", "--n-trials", "-1"])
     assert exc.value.code == 2
     assert "--n-trials" in capsys.readouterr().err
 
@@ -147,6 +147,39 @@ def test_run_confirms_the_top_configs_and_ships_the_confirmed_one(toy, capsys):
                             "--confirm", "2", "--confirm-top", "2")
     added = [t for t in _study(toy).trials[len(study.trials):] if CONFIRMS in t.user_attrs]
     assert status == 0 and len(added) <= 2  # at most the one new trial's config, twice
+
+
+def test_show_json_gives_scripts_the_config_to_ship(toy, capsys):
+    import json
+
+    _run_cli(capsys, "run", "toy_study.py", "--n-trials", "6", "--seed", "2")
+    status, out, _ = _run_cli(capsys, "show", "--json")
+    record = json.loads(out)  # nothing but the JSON on stdout
+    study = _study(toy)
+    best = study.best_trial
+    assert status == 0 and record["study"] == "toy" and record["direction"] == "maximize"
+    assert record["ship"] == {"source": "best_run", "trial": best.number, "params": best.params}
+    assert record["best_run"]["value"] == best.value and record["confirmation"] is None
+    assert record["trials"]["finished"] == len(study.trials)
+    # after confirmation runs the confirmed config is the one to ship, with its evidence
+    _run_cli(capsys, "run", "toy_study.py", "--n-trials", "0", "--confirm", "2",
+             "--confirm-top", "2")
+    status, out, _ = _run_cli(capsys, "show", "--json")
+    record = json.loads(out)
+    top = record["confirmation"]["candidates"][0]
+    assert status == 0 and record["ship"]["source"] == "confirmed"
+    assert record["ship"]["params"] == top["params"] and top["runs"] >= 2
+    assert record["ship"]["params"] == _study(toy).trials[top["trial"]].params
+
+
+def test_show_json_of_a_study_without_a_real_run(toy, capsys):
+    import json
+
+    optuna.create_study(storage=f"sqlite:///{toy / 'autoscout.db'}", study_name="empty")
+    status, out, _ = _run_cli(capsys, "show", "--json")
+    record = json.loads(out)
+    assert status == 0 and record["ship"] is None and record["best_run"] is None
+    assert record["trials"]["finished"] == 0 and record["gain_over_default"] is None
 
 
 def test_confirm_stays_within_the_timeout_of_the_whole_run(toy, capsys):
