@@ -156,7 +156,8 @@ def confirm_best(
     The runs are trials of ``study`` queued with the user attr ``autoscout:confirms``:
     ``AutoScoutSampler`` records them as ``confirm`` (no search decision is taken, none is
     credited to an arm) and ``FidelityPruner`` always lets them run for real. A config's
-    confirmation trials count, finished, failed or still queued, so calling it again (after an
+    confirmation trials count, finished, failed or still queued (not those a dead worker left,
+    ``worker_died``: those runs were never made), so calling it again (after an
     interruption, or from a worker started later) only tops up what is missing and runs what
     is still queued; workers calling it at the same moment may each queue the missing runs
     (more runs of the same configs, nothing lost). It runs the queue until no confirmation
@@ -241,7 +242,8 @@ def confirmation_targets(
 
     The ``top`` configs by the mean of the real runs the search made of them, then the default
     config (if ``include_default`` and it has a real run). Its confirmation trials count toward
-    ``repeats`` whatever their state: finished, failed, waiting or running.
+    ``repeats`` whatever their state (finished, failed, waiting or running), but for those a
+    dead worker left (``failure_reason`` ``worker_died``): those runs were never made.
     """
     configs = _configs(trials)
     ranked = sorted((c for c in configs.values() if c.searched or c.values),
@@ -252,7 +254,8 @@ def confirmation_targets(
     asked: dict[int, int] = {}
     for trial in trials:
         number = trial.user_attrs.get(_keys.CONFIRMS)
-        if number is not None:
+        # a run whose worker died was never made: it is asked for again
+        if number is not None and trial.user_attrs.get(_keys.FAILURE_REASON) != WORKER_DIED:
             asked[number] = asked.get(number, 0) + 1
     return [(config, max(0, repeats - asked.get(config.number, 0))) for config in ranked]
 

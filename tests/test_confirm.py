@@ -269,3 +269,25 @@ def test_trials_queued_before_run_first_and_every_confirmation_run_is_still_made
     assert all(CONFIRMS in t.user_attrs for t in study.trials[12:])
     assert [c.runs for c in found.candidates] == [2, 2]
     assert not study.get_trials(states=(TrialState.WAITING,))
+
+
+def test_a_run_a_dead_worker_left_is_asked_for_again():
+    import socket
+
+    from autoscout_optuna._keys import WORKER
+    from autoscout_optuna._recovery import recover_orphaned_trials
+
+    study = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(seed=5))
+    study.optimize(_objective, n_trials=10)
+    confirm_best(study, _objective, top=1, repeats=2, include_default=False, timeout=1e-9)
+    # a worker takes a confirmation run and dies with it (a pid no process has)
+    taken = study.ask()
+    assert CONFIRMS in taken.user_attrs
+    dead = {"host": socket.gethostname(), "pid": 2**22 + 1, "start": 0}
+    study._storage.set_trial_system_attr(taken._trial_id, WORKER, dead)
+    assert recover_orphaned_trials(study, retry=True) == [taken.number]
+    found = confirm_best(study, _objective, top=1, repeats=2, include_default=False)
+    confirming = [t for t in study.trials if CONFIRMS in t.user_attrs]
+    assert [t.state for t in confirming] == [
+        TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert found.best.runs == 2 and found.best.failures == ()
