@@ -214,7 +214,8 @@ class CommandRunner:
         found: dict[str, str] = {}
         rates: list[float] = []
         abort: tuple[str, str] | None = None
-        oom_seen = nan_seen = False
+        oom_seen = nan_seen = leftovers = False
+        exit_seen: list[float] = []  # when the job was first seen exited, for the output grace
         try:
             while True:
                 remaining = started + self.timeout - time.monotonic()
@@ -224,6 +225,9 @@ class CommandRunner:
                 try:
                     line = lines.get(timeout=min(remaining, 0.5))
                 except queue.Empty:
+                    if _exited_with_output_held(process, exit_seen):
+                        leftovers = True
+                        break
                     continue
                 if line is None:
                     break
@@ -252,8 +256,8 @@ class CommandRunner:
                 except subprocess.TimeoutExpired:
                     abort = ("timeout", f"killed after {self.timeout:g} s")
         finally:
-            if abort is not None or process.poll() is None:
-                kill_group(process)
+            if abort is not None or process.poll() is None or leftovers:
+                kill_group(process)  # leftovers: a finished job's helpers may hold the GPU
             returncode = process.wait()
             reader.join(timeout=5.0)
             if log is not None:
@@ -340,3 +344,23 @@ class CommandRunner:
                                           file_path=str(log_path), study_or_trial=trial,
                                           mimetype="text/plain")
             trial.set_user_attr("run:log_artifact_id", artifact_id)
+
+
+# Seconds the output may stay open after the job exited: a helper it started (a compile worker,
+# a logging daemon) inherits stdout and keeps it open; waiting for EOF would then run into the
+# timeout and record a finished run as ``timeout``.
+OUTPUT_GRACE_S = 2.0
+
+
+def _exited_with_output_held(process: subprocess.Popen, exit_seen: list[float]) -> bool:
+    """True once ``process`` has exited and its output stayed quiet for ``OUTPUT_GRACE_S``.
+
+    Args:
+        process: The job.
+        exit_seen: Empty until the job is first seen exited; then holds that moment.
+    """
+    if process.poll() is None:
+        return False
+    if not exit_seen:
+        exit_seen.append(time.monotonic())
+    return time.monotonic() - exit_seen[0] >= OUTPUT_GRACE_S

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -186,3 +188,23 @@ def test_time_queued_for_the_device_lock_is_recorded(tmp_path):
     assert not list(locks.glob("*.lock"))  # released after the run
     unlocked = run_in_study(script_runner(tmp_path, SUCCESS))
     assert "run:lock_wait_s" not in unlocked.user_attrs
+
+
+def test_a_finished_job_whose_helper_keeps_its_output_open_is_not_a_timeout(tmp_path):
+    # a compile worker or logging daemon inherits stdout and outlives the job: the run is over
+    # when the job exits, not when every helper closed the pipe (that ran into the timeout)
+    helper = tmp_path / "helper.pid"
+    body = (f"import subprocess, sys\n"
+            f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            f"open({str(helper)!r}, 'w').write(str(p.pid))\n" + textwrap.dedent(SUCCESS))
+    runner = script_runner(tmp_path, body, timeout=20)
+    started = time.monotonic()
+    assert runner.run(None, {"x": 2})["val_bpb"] == pytest.approx(0.5)
+    assert time.monotonic() - started < 15
+    stat = Path(f"/proc/{helper.read_text()}/stat")
+    for _ in range(50):  # the helper went with the job's process group (gone, or a zombie)
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the finished job's helper is still running")
