@@ -108,6 +108,22 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"time_budget must be > 0, got {cfg.time_budget}")
 
 
+def check_corpus(cfg: TrainConfig, train_bytes: int, val_bytes: int) -> None:
+    """Raise ``ValueError`` unless each split holds a window of ``seq_len + 1`` bytes.
+
+    Checked before training: a validation split shorter than one window otherwise failed
+    indexing only in the evaluation, after the whole budget was spent (on a GPU, as a
+    device-side assert that names neither the data nor ``seq_len``).
+    """
+    source = repr(cfg.data) if cfg.data else "the standard-library corpus"
+    for split, size, need in (("training", train_bytes, cfg.seq_len + 2),
+                              ("validation", val_bytes, cfg.seq_len + 1)):
+        if size < need:
+            raise ValueError(f"the {split} split of {source} has {size} bytes, fewer than "
+                             f"seq_len + {need - cfg.seq_len} ({need}): use more text or a "
+                             f"shorter seq_len")
+
+
 # ----------------------------------------------------------------------------------------------
 # Model: pre-norm transformer, learned positions, SDPA attention, byte vocabulary.
 
@@ -211,6 +227,7 @@ def train(cfg: TrainConfig, *, out=None) -> TrainResult:
 
     # data: random windows of the training bytes, fixed windows of the validation bytes
     corpus = load_corpus(cfg.data)
+    check_corpus(cfg, len(corpus.train), len(corpus.val))
     train_data = torch.from_numpy(corpus.train.copy()).to(device)
     val_data = torch.from_numpy(corpus.val.copy()).to(device)
     gen = torch.Generator(device="cpu").manual_seed(cfg.seed)

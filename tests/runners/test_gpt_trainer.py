@@ -50,6 +50,18 @@ def test_config_is_validated():
         validate(TrainConfig(dtype="fp8"))
 
 
+def test_text_too_short_for_a_window_is_refused_before_training(tmp_path):
+    # 6000 bytes leave a 600-byte validation split: a 1024-byte window used to fail indexing
+    # in the evaluation, after the whole time budget was spent
+    path = tmp_path / "text.txt"
+    path.write_bytes(b"abcdefgh \n" * 600)
+    out = io.StringIO()
+    with pytest.raises(ValueError, match=r"validation split of .* 600 bytes.*seq_len"):
+        train(TrainConfig(data=str(path), seq_len=1024, total_batch=1024, device_batch=1,
+                          max_steps=1, n_layer=1, n_embd=64, threads=1), out=out)
+    assert "tok/s" not in out.getvalue()  # refused before any training
+
+
 def test_smoke_run_prints_progress_and_a_parsable_summary():
     out = io.StringIO()
     result = train(TrainConfig(max_steps=3, time_budget=120, total_batch=512, device_batch=1,
