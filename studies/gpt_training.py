@@ -96,6 +96,9 @@ def suggest_config(trial: Any, *, info: Mapping[str, Any], size: Mapping[str, in
     kind = info["kind"]
     knobs = Knobs(trial, fixed=fixed)
     low, high = BATCH_LOG2[kind]
+    # a total batch below one sequence leaves no device batch to run (grad_accum 0), which the
+    # trainer refuses: the GPU model size on a CPU (seq 2048) starts the CPU range at 2^11
+    low = min(max(low, math.ceil(math.log2(size["seq_len"]))), high)
     total_log2 = knobs.int("total_batch_log2", low, high, default=DEFAULT_BATCH_LOG2[kind])
     device_batch = knobs.categorical("device_batch", DEVICE_BATCHES[kind],
                                      default=DEFAULT_DEVICE_BATCH[kind])

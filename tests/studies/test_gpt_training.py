@@ -52,6 +52,27 @@ def test_cpu_space_offers_no_gpu_only_knobs(cpu_study):
         assert config["total_batch"] == micro * config["grad_accum"]
 
 
+def test_every_total_batch_holds_a_sequence_whatever_the_model_size():
+    # size="gpu" on a CPU: seq 2048 under the CPU's batch range (from 2^10) gave configs with
+    # grad_accum 0 that every run of the trainer refused
+    from autoscout_optuna.studies.gpt_training import SIZES, suggest_config
+
+    from autoscout_optuna.runners.gpt import TrainConfig, validate
+
+    info = {"kind": "cpu", "dtypes": ["fp32"], "attention": ["auto"]}
+    trial = optuna.create_study().ask()
+    config = suggest_config(trial, info=info, size=SIZES["gpu"], time_budget=6.0)
+    assert trial.distributions["total_batch_log2"].low == 11
+    for log2 in range(11, 15):
+        config = suggest_config(optuna.create_study().ask(), info=info, size=SIZES["gpu"],
+                                time_budget=6.0, fixed={"total_batch_log2": log2})
+        assert config["grad_accum"] >= 1
+        validate(TrainConfig(n_layer=config["n_layer"], n_head=config["n_head"],
+                             n_embd=config["n_embd"], seq_len=config["seq_len"],
+                             total_batch=config["total_batch"],
+                             device_batch=config["device_batch_effective"]))
+
+
 def test_trainer_command_renders_from_every_config(cpu_study):
     from autoscout_optuna.studies.gpt_training import trainer_command
 
