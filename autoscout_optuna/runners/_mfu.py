@@ -64,10 +64,17 @@ class PeakFlops:
 
 
 def lookup_peak(device_name: str, dtype: str) -> PeakFlops | None:
-    """The datasheet peak for ``device_name`` in ``dtype``, or None when the table lacks it."""
+    """The datasheet peak for ``device_name`` in ``dtype``, or None when the table lacks it.
+
+    None also for a MIG slice, whose peak is a share of the whole board's.
+    """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     name = device_name.lower()
+    if _has_token(name, "mig"):
+        # a MIG slice ("NVIDIA A100-SXM4-40GB MIG 1g.5gb") has a fraction of the board's SMs:
+        # the board's figure made its MFU read ~7x low, so a slice gets a measured peak
+        return None
     for tokens, peaks in PEAK_TFLOPS:
         if all(_has_token(name, token) for token in tokens):
             tflops = peaks.get(dtype)

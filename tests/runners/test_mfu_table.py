@@ -54,6 +54,14 @@ def test_unknown_device_or_unsupported_dtype_has_no_table_entry():
         lookup_peak("NVIDIA H200", "int8")
 
 
+def test_a_mig_slice_does_not_get_the_whole_boards_peak():
+    # torch names a slice after its board: a 1g slice has 1/7 of the SMs, so the board's
+    # figure would make its MFU (and the study's expected tokens/s) off by ~7x
+    assert lookup_peak("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "bf16") is None
+    assert lookup_peak("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "bf16") is None
+    assert lookup_peak("NVIDIA H100 80GB HBM3", "bf16").source == "table"
+
+
 def test_cpu_peak_is_measured_and_says_so():
     peak = device_peak("cpu", "fp32")
     assert peak.source == "measured"
