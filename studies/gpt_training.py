@@ -64,10 +64,21 @@ def probe_device(device: str = "auto") -> dict[str, Any]:
         return {"kind": "cpu", "device": "cpu", "name": "cpu", "memory_bytes": float(pages),
                 "dtypes": ["fp32", "bf16", "fp16"], "attention": ["auto", "math"]}
     props = torch.cuda.get_device_properties(torch.device(device))
-    dtypes = ["bf16", "fp16", "fp32"] if torch.cuda.is_bf16_supported() else ["fp16", "fp32"]
+    dtypes = ["bf16", "fp16", "fp32"] if _native_bf16(props) else ["fp16", "fp32"]
     return {"kind": "gpu", "device": device, "name": props.name,
             "memory_bytes": float(props.total_memory), "dtypes": dtypes,
             "attention": _supported_attention(device), "tf32": props.major >= 8}
+
+
+def _native_bf16(props: Any) -> bool:
+    """Whether the GPU computes bf16 natively: Ampere (8.x) and later, or ROCm.
+
+    Not ``torch.cuda.is_bf16_supported()``: it also says True on a V100 or T4, where bf16 is
+    emulated, many times slower than fp16, and the study's default dtype is the first offered.
+    """
+    import torch
+
+    return bool(torch.version.hip) or props.major >= 8
 
 
 def _supported_attention(device: str) -> list[str]:
@@ -77,7 +88,8 @@ def _supported_attention(device: str) -> list[str]:
 
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
-    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    props = torch.cuda.get_device_properties(torch.device(device))
+    dtype = torch.bfloat16 if _native_bf16(props) else torch.float16
     q = torch.randn(1, 4, 128, 128, device=device, dtype=dtype)
     supported = []
     for name, backend in backends.items():

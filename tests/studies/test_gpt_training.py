@@ -73,6 +73,27 @@ def test_every_total_batch_holds_a_sequence_whatever_the_model_size():
                              device_batch=config["device_batch_effective"]))
 
 
+def test_a_gpu_that_only_emulates_bf16_is_not_offered_it(monkeypatch):
+    # torch.cuda.is_bf16_supported() is True on a V100 (bf16 tensors can be made, emulated):
+    # the study offered bf16 first, so its default config ran emulated bf16
+    import types
+
+    import torch
+    from autoscout_optuna.studies import gpt_training
+
+    def gpu(major):
+        return types.SimpleNamespace(major=major, minor=0, name=f"GPU sm{major}0",
+                                     total_memory=16 * 2**30)
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(gpt_training, "_supported_attention", lambda device: ["math"])
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: gpu(7))
+    assert gpt_training.probe_device("cuda")["dtypes"] == ["fp16", "fp32"]
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: gpu(8))
+    assert gpt_training.probe_device("cuda")["dtypes"] == ["bf16", "fp16", "fp32"]
+
+
 def test_trainer_command_renders_from_every_config(cpu_study):
     from autoscout_optuna.studies.gpt_training import trainer_command
 
