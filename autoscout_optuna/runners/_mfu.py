@@ -201,3 +201,39 @@ def device_peak(device: str, dtype: str) -> PeakFlops:
     if found is not None:
         return found
     return PeakFlops(measure_peak_flops(device, dtype), dtype, "measured", name)
+
+
+def training_peak(device: str, dtype: str, *, tf32: bool = False) -> PeakFlops:
+    """The MFU denominator of a training run in ``dtype``: what the device can do at its best.
+
+    On a GPU an fp32 run scored against the fp32 peak read 79% MFU on an H200 while training
+    6x slower than bf16 (benchmarks/gpu/). A measured half-precision peak below fp32's means
+    emulation (fp16 on most CPUs): there fp32's peak is the one the waste shows against.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:i"``.
+        dtype: The run's dtype, ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        tf32: Whether fp32 matmuls run as TF32 (GPU only).
+    """
+    is_cuda = device.startswith("cuda")
+    peak = device_peak(device, "tf32" if dtype == "fp32" and tf32 and is_cuda else dtype)
+    if is_cuda:
+        best = _best_gpu_peak(device)
+    elif dtype != "fp32" and peak.source == "measured":
+        best = device_peak(device, "fp32")
+    else:
+        best = peak
+    return best if best.flops > peak.flops else peak
+
+
+def _best_gpu_peak(device: str) -> PeakFlops:
+    """The faster of the GPU's bf16 and fp16 table peaks, measured bf16 when it has neither.
+
+    A V100 or T4 has no bf16 entry: its fast path is fp16, while a measured (emulated) bf16
+    peak is near fp32's and would let an fp32 run read as a high MFU.
+    """
+    import torch
+
+    name = torch.cuda.get_device_name(torch.device(device))
+    table = [peak for half in ("bf16", "fp16") if (peak := lookup_peak(name, half)) is not None]
+    return max(table, key=lambda peak: peak.flops) if table else device_peak(device, "bf16")

@@ -208,9 +208,9 @@ def train(cfg: TrainConfig, *, out=None) -> TrainResult:
     from autoscout_optuna.runners._data import load_corpus
     from autoscout_optuna.runners._mfu import (
         default_cpu_threads,
-        device_peak,
         flops_per_token,
         mfu,
+        training_peak,
     )
 
     out = out or sys.stdout
@@ -248,16 +248,7 @@ def train(cfg: TrainConfig, *, out=None) -> TrainResult:
     scaler = torch.amp.GradScaler(enabled=cfg.dtype == "fp16" and is_cuda)
     if cfg.compile != "off":
         model = torch.compile(model, mode=None if cfg.compile == "default" else cfg.compile)
-    peak = device_peak(device, "tf32" if cfg.dtype == "fp32" and cfg.tf32 and is_cuda
-                       else cfg.dtype)
-    # MFU is judged against what the device can do, not what the chosen dtype can: on a GPU an
-    # fp32 run scored against the fp32 peak read 79% MFU on an H200 while training 6x slower
-    # than bf16 (benchmarks/gpu/). A measured half-precision peak below fp32's means emulation
-    # (fp16 on most CPUs): there fp32's peak is the one the waste shows against.
-    best = (device_peak(device, "bf16") if is_cuda
-            else device_peak(device, "fp32") if cfg.dtype != "fp32" and peak.source == "measured"
-            else peak)
-    peak = best if best.flops > peak.flops else peak
+    peak = training_peak(device, cfg.dtype, tf32=cfg.tf32)
     base_lr = cfg.lr * cfg.lr_mult
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]

@@ -62,6 +62,24 @@ def test_a_mig_slice_does_not_get_the_whole_boards_peak():
     assert lookup_peak("NVIDIA H100 80GB HBM3", "bf16").source == "table"
 
 
+@pytest.mark.parametrize(
+    "name, tflops",
+    [("Tesla V100-SXM2-16GB", 125.0), ("Tesla T4", 65.0), ("NVIDIA H100 80GB HBM3", 989.4)],
+)
+def test_a_gpu_run_is_scored_against_the_gpus_fastest_half_precision(monkeypatch, name, tflops):
+    # a V100 has no bf16 entry: its fp32 runs were scored against a measured (emulated) bf16
+    # peak, below the fp32 table figure, so fp32 kept its own 15.7 TFLOP/s denominator
+    import torch
+
+    from autoscout_optuna.runners import _mfu
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(_mfu, "measure_peak_flops", lambda device, dtype, **kw: 14e12)
+    for dtype, tf32 in (("fp32", False), ("fp32", True), ("fp16", False)):
+        peak = _mfu.training_peak("cuda", dtype, tf32=tf32)
+        assert (peak.flops, peak.source) == (pytest.approx(tflops * 1e12), "table")
+
+
 def test_cpu_peak_is_measured_and_says_so():
     peak = device_peak("cpu", "fp32")
     assert peak.source == "measured"
