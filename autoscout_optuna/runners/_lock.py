@@ -26,7 +26,16 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:  # exists, owned by another user
         return True
-    return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """A dead process its parent has not reaped yet: kill(pid, 0) still finds it (Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no procfs (macOS), or gone meanwhile
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
 
 
 class GpuLock:

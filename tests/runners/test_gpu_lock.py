@@ -7,10 +7,14 @@ import pickle
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from autoscout_optuna.runners import GpuLock
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def dead_pid() -> int:
@@ -75,3 +79,26 @@ def test_arguments_are_validated_and_lock_pickles_unheld(tmp_path):
         GpuLock("0", lock_dir=tmp_path, timeout=-1)
     lock = GpuLock("0", lock_dir=tmp_path).acquire()
     assert pickle.loads(pickle.dumps(lock)).held is False
+
+
+def test_lock_of_a_dead_worker_its_parent_has_not_reaped_is_stale(tmp_path):
+    # a worker that died holding the lock stays a zombie until its parent waits on it; the
+    # lock was judged live all that time, and a worker restarted on that GPU waited forever
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+            f"from autoscout_optuna.runners import GpuLock\n"
+            f"GpuLock('0', lock_dir={str(tmp_path)!r}).try_acquire()\n"
+            f"import os; os._exit(1)")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    lock_file = tmp_path / "gpu-0.lock"
+    stat = Path(f"/proc/{child.pid}/stat")
+    for _ in range(200):  # until it has taken the lock and exited (unreaped)
+        if lock_file.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.05)
+    try:
+        lock = GpuLock("0", lock_dir=tmp_path, timeout=0)
+        assert lock.try_acquire()
+        assert lock.stale_removed.endswith(f":{child.pid}")
+        lock.release()
+    finally:
+        child.wait()
