@@ -270,7 +270,11 @@ def definition(*, device: str = "auto", time_budget: float | None = None,
     budget = float(time_budget if time_budget is not None else DEFAULT_BUDGET_S[kind])
     if budget <= 0:
         raise ValueError(f"time_budget must be > 0, got {time_budget}")
-    run_timeout = timeout or (3 * budget + 90 if kind == "cpu" else budget + 600)
+    if timeout is not None and not timeout > budget:
+        # every run would be killed before its budget is spent: each trial a timeout
+        raise ValueError(f"timeout must be more than time_budget ({budget:g} s), got {timeout}")
+    run_timeout = timeout if timeout is not None else (
+        3 * budget + 90 if kind == "cpu" else budget + 600)
     fixed_copy = dict(fixed or {})
     peaks: dict[str, float] = {}
 

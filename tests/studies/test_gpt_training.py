@@ -157,6 +157,10 @@ def test_options_are_validated():
         studies.load("gpt_training", device="cpu", size="huge")
     with pytest.raises(ValueError, match="time_budget"):
         studies.load("gpt_training", device="cpu", time_budget=0)
+    # a timeout no longer than the budget would kill every run; 0 is not "the default"
+    for timeout in (0, 6.0):
+        with pytest.raises(ValueError, match="timeout must be more than time_budget"):
+            studies.load("gpt_training", device="cpu", time_budget=6.0, timeout=timeout)
 
 
 @pytest.mark.slow
