@@ -9,7 +9,7 @@ from optuna.trial import FrozenTrial
 
 from autoscout_optuna import _keys, _validate
 from autoscout_optuna._space import structure_key
-from autoscout_optuna._storage import get_trials, set_user_attr
+from autoscout_optuna._storage import get_fresh_trial, get_trials, set_user_attr
 from autoscout_optuna.fidelity._decision import (
     SIMULATOR,
     FidelityDecision,
@@ -230,9 +230,16 @@ class FidelityPruner(BasePruner):
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         _validate.single_objective(study, "FidelityPruner")
-        recorded = trial.user_attrs.get(_keys.FIDELITY)
-        if recorded in ("simulator", "real") and _keys.FIDELITY_REASON in trial.user_attrs:
-            # Asked twice in one trial: keep the first answer (Optuna's should_prune contract).
+        # Asked twice in one trial (the same step-0 value): keep the first answer, Optuna's
+        # should_prune contract. The answer is read back from storage: ``Trial.should_prune``
+        # hands over the trial as the objective last saw it, without the attrs ``_record``
+        # wrote, and a fresh decision on a history that moved on could prune a trial already
+        # running for real and overwrite its record.
+        attrs = get_fresh_trial(study, trial).user_attrs
+        recorded = attrs.get(_keys.FIDELITY)
+        if recorded in ("simulator", "real") and _keys.FIDELITY_REASON in attrs and (
+            _keys.ESTIMATE not in attrs or attrs[_keys.ESTIMATE] == estimate_of(trial)
+        ):
             return recorded == SIMULATOR
         decision = self.decide(study, trial)
         self._record(study, trial, decision)

@@ -180,6 +180,43 @@ def test_should_prune_asked_twice_answers_the_same():
     assert any(first for first, _ in answers)
 
 
+def test_should_prune_asked_again_after_history_moved_keeps_the_first_answer():
+    # Ask-and-tell: trial a is told to run for real, then another trial finishes with a far
+    # better real value. Asked again (say in its training loop), a must not be pruned halfway
+    # through its real run, nor its record turned into "simulator".
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    study = optuna.create_study(pruner=FidelityPruner(
+        n_warmup_real=2, min_pairs=2, validation_period=None, trust_window=None))
+    for x in (0.5, 0.6, 0.7, 0.8):
+        study.add_trial(optuna.trial.create_trial(
+            params={"x": x}, distributions=dist, value=x, intermediate_values={0: x}))
+    a = study.ask(dist)
+    a.report(0.45, step=0)
+    assert a.should_prune() is False
+    b = study.ask(dist)
+    b.report(0.1, step=0)
+    assert b.should_prune() is False
+    study.tell(b, 0.1)
+    assert a.should_prune() is False
+    assert study.trials[a.number].user_attrs["autoscout:fidelity"] == "real"
+    assert study.trials[a.number].user_attrs[REASON] == "could_beat_best"
+
+
+def test_should_prune_asked_before_the_estimate_decides_again_once_it_is_reported():
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    study = optuna.create_study(pruner=FidelityPruner(
+        n_warmup_real=2, min_pairs=2, validation_period=None, trust_window=None))
+    for x in (0.5, 0.6, 0.7, 0.8):
+        study.add_trial(optuna.trial.create_trial(
+            params={"x": x}, distributions=dist, value=x, intermediate_values={0: x}))
+    trial = study.ask(dist)
+    assert trial.should_prune() is False
+    assert study.trials[trial.number].user_attrs[REASON] == "no_estimate"
+    trial.report(0.9, step=0)
+    assert trial.should_prune() is True
+    assert study.trials[trial.number].user_attrs[REASON] == "not_promising"
+
+
 def test_trial_without_estimate_always_runs_for_real():
     study = optuna.create_study(pruner=FidelityPruner(n_warmup_real=0, min_pairs=2))
 
