@@ -85,13 +85,14 @@ class StudyEnsembleEstimator:
     def estimate(self, trial: optuna.Trial, params: Mapping[str, Any], simulated: float) -> float:
         """The ensemble's estimate for a trial's params, given its raw simulator value.
 
-        Falls back to the raw value if the fit fails numerically: a bad correction must never
-        cost the trial its estimate.
+        Falls back to the raw value if the fit fails numerically, or the fitted features
+        cannot read the params (a categorical ``None`` where the real runs so far had only
+        numbers): a bad correction must never cost the trial its estimate.
         """
         try:
             ensemble = self._fitted(trial.study, exclude=trial.number)
             value = ensemble.predict_one(params, simulated)
-        except (ValueError, ArithmeticError, np.linalg.LinAlgError):
+        except (ValueError, TypeError, ArithmeticError, np.linalg.LinAlgError):
             return simulated
         return value if math.isfinite(value) else simulated
 

@@ -244,3 +244,20 @@ def test_study_ensemble_estimator_refits_when_a_real_run_finishes():
     after = estimator.estimate(pending, params, simulated)
     assert after == StudyEnsembleEstimator().estimate(pending, params, simulated)
     assert after > before
+
+
+def test_study_ensemble_estimator_falls_back_to_the_raw_value_on_a_value_it_cannot_encode():
+    # Real runs so far had only numbers for "mb"; a None choice must not cost the trial its
+    # estimate (from_definition would record "no_estimate" and run it for real).
+    from autoscout_optuna.fidelity import StudyEnsembleEstimator
+
+    dist = {"mb": optuna.distributions.CategoricalDistribution([None, 1, 2, 4, 8])}
+    study = optuna.create_study(direction="maximize")
+    for i, mb in enumerate([1, 2, 4, 8, 1, 2, 4, 8]):
+        study.add_trial(optuna.trial.create_trial(
+            params={"mb": mb}, distributions=dist, value=10.0 * mb + i,
+            user_attrs={"autoscout:simulated": 9.0 * mb}))
+    study.enqueue_trial({"mb": None})
+    trial = study.ask()
+    trial.suggest_categorical("mb", [None, 1, 2, 4, 8])
+    assert StudyEnsembleEstimator().estimate(trial, trial.params, 50.0) == 50.0
