@@ -48,13 +48,13 @@ def run_protocol(
         # ignored, or, where the simulator calls a config that ran fine infeasible, fail it
         trial.set_user_attr(_keys.FIDELITY, "real")
         trial.set_user_attr(_keys.FIDELITY_REASON, "confirmation")
-        return float(call_recording_failure(trial, measure))
+        return _measured(trial, measure)
     value = _safe_estimate(trial, estimate)
     if value is not None:
         trial.report(value, step=ESTIMATE_STEP)
         if trial.should_prune():
             raise optuna.TrialPruned(f"simulator estimate {value:.6g} trusted")
-    return float(call_recording_failure(trial, measure))
+    return _measured(trial, measure)
 
 
 def multi_fidelity_objective(
@@ -86,7 +86,8 @@ def multi_fidelity_objective(
         suggest: Define-by-run space: trial -> config.
         estimate: Cheap estimate of a config; may raise ``Infeasible`` (the trial fails without
             a real run) or fail in any other way (the trial runs for real).
-        measure: The real measurement of a config; may raise ``Infeasible``.
+        measure: The real measurement of a config; may raise ``Infeasible``. A result that is
+            not a number (None, say) ends the trial ``Infeasible("no_metric")``.
     """
 
     def objective(trial: optuna.Trial) -> float:
@@ -165,6 +166,19 @@ def from_definition(
         )
 
     return objective
+
+
+def _measured(trial: optuna.Trial, measure: Callable[[], Any]) -> float:
+    """The real measurement as a float; one that is not a number fails the trial as
+    ``Infeasible("no_metric")`` (recorded), as a hand-written objective returning it would
+    end FAIL, rather than a ``TypeError`` that stops ``study.optimize``."""
+    value = call_recording_failure(trial, measure)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        error = Infeasible("no_metric", f"measure returned {value!r}, not a number"[:500])
+        record_failure(trial, error)
+        raise error from None
 
 
 def _safe_estimate(trial: optuna.Trial, estimate: Callable[[], float]) -> float | None:

@@ -261,3 +261,13 @@ def test_study_ensemble_estimator_falls_back_to_the_raw_value_on_a_value_it_cann
     trial = study.ask()
     trial.suggest_categorical("mb", [None, 1, 2, 4, 8])
     assert StudyEnsembleEstimator().estimate(trial, trial.params, 50.0) == 50.0
+
+
+@pytest.mark.parametrize("result", [None, "fast", [1.0]])
+def test_a_measurement_that_is_not_a_number_fails_the_trial_not_the_study(result):
+    objective = multi_fidelity_objective(_suggest, lambda c: c["x"], lambda c: result)
+    study = optuna.create_study(pruner=FidelityPruner())
+    study.optimize(objective, n_trials=3, catch=(Infeasible,))
+    assert [t.state for t in study.trials] == [TrialState.FAIL] * 3
+    assert {t.user_attrs["failure_reason"] for t in study.trials} == {"no_metric"}
+    assert "not a number" in study.trials[0].user_attrs["failure_detail"]
