@@ -76,12 +76,14 @@ class SimulatorEnsemble:
             raise ValueError(f"window must be an int >= 2, got {window}")
         if int(max_train) != max_train or max_train < window:
             raise ValueError(f"max_train must be an int >= window, got {max_train}")
-        if not ridge > 0:
-            raise ValueError(f"ridge must be > 0, got {ridge}")
+        if not 0 < ridge < math.inf:
+            # inf: a fit that fails ("SVD did not converge")
+            raise ValueError(f"ridge must be > 0 and finite, got {ridge}")
         if int(min_real) != min_real or min_real < 1:
             raise ValueError(f"min_real must be an int >= 1, got {min_real}")
-        if not sharpness >= 0:
-            raise ValueError(f"sharpness must be >= 0, got {sharpness}")
+        if not 0 <= sharpness < math.inf:
+            # inf: every member weight NaN, and every prediction with it
+            raise ValueError(f"sharpness must be >= 0 and finite, got {sharpness}")
         self.simulate = simulate
         self.window = int(window)
         self.max_train = int(max_train)

@@ -104,6 +104,8 @@ def test_non_finite_training_pairs_are_skipped():
         ({"ridge": 0.0}, "ridge"),
         ({"min_real": 0}, "min_real"),
         ({"sharpness": -1.0}, "sharpness"),
+        ({"ridge": float("inf")}, "ridge"),
+        ({"sharpness": float("inf")}, "sharpness"),
     ],
 )
 def test_invalid_arguments_are_named(kwargs, name):
