@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoscout_optuna import _validate
+
 
 @dataclass(frozen=True)
 class SimulatorError:
@@ -178,8 +180,13 @@ def measure_error(
         confidence: Also bound the relative error from above at this confidence (in (0, 1));
             None: no bound.
     """
+    # named errors, not numpy's "slice indices must be integers" at window=2.5 or 5.0, nor a
+    # NaN tolerance that silently counts no pair as ordered
+    _validate.integers(window=window)
+    _validate.reals(rank_tolerance=rank_tolerance)
     if window < 2:
         raise ValueError(f"window must be >= 2, got {window}")
+    window = int(window)
     if rank_tolerance < 0:
         raise ValueError(f"rank_tolerance must be >= 0, got {rank_tolerance}")
     if confidence is not None and not 0.0 < confidence < 1.0:

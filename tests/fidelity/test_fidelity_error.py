@@ -87,6 +87,20 @@ def test_relative_error_bound_covers_the_true_median_as_often_as_promised(n):
         assert relative_error_bound(estimates, np.ones(n), confidence=0.9) < 2 * true_median
 
 
+@pytest.mark.parametrize("kwargs, name", [
+    ({"window": 2.5}, "window"), ({"window": math.inf}, "window"),
+    ({"window": 5, "rank_tolerance": math.nan}, "rank_tolerance"),
+])
+def test_bad_window_or_tolerance_is_named(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        measure_error([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], **kwargs)
+
+
+def test_a_whole_float_window_is_an_int():
+    assert measure_error([1.0, 2.0, 3.0], [1.0, 2.0, 4.0], window=2.0) == measure_error(
+        [1.0, 2.0, 3.0], [1.0, 2.0, 4.0], window=2)
+
+
 def test_confidence_must_be_a_probability():
     with pytest.raises(ValueError, match="confidence"):
         measure_error([1.0, 2.0], [1.0, 2.0], window=5, confidence=1.0)
