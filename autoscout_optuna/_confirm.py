@@ -263,9 +263,12 @@ def confirmation_targets(
 def read_confirmation(
     trials: Sequence[FrozenTrial], *, maximize: bool
 ) -> Confirmation | None:
-    """The configs some trial confirms (user attr ``autoscout:confirms``), ranked; None when no
-    trial confirms any."""
-    confirmed = {t.user_attrs.get(_keys.CONFIRMS) for t in trials} - {None}
+    """The configs a confirmation run was made of (user attr ``autoscout:confirms``), ranked;
+    None before any was made."""
+    # Only runs made count: with the runs still queued (a --timeout spent, Ctrl-C, a worker
+    # still at it) the default alone has values (all its runs count) and would be shipped as
+    # "confirmed" without a single confirmation run.
+    confirmed = {t.user_attrs.get(_keys.CONFIRMS) for t in trials if _run_made(t)} - {None}
     if not confirmed:
         return None
     configs = _configs(trials)
@@ -288,21 +291,16 @@ def _configs(trials: Sequence[FrozenTrial]) -> dict[tuple, ConfirmedConfig]:
     searched: dict[tuple, list[float]] = {}
     failures: dict[tuple, list[str]] = {}
     for trial in trials:
-        if not trial.params or trial.state not in (TrialState.COMPLETE, TrialState.FAIL):
+        if not trial.params or not _run_made(trial):
             continue
         key = config_key(trial.params)
         if trial.state == TrialState.COMPLETE:
-            value = real_value(trial)
-            if value is None:
-                continue
             # the default's runs were not picked for their value: all of them are fair
             fair = trial.user_attrs.get(_keys.CONFIRMS) is not None or key == default_key
-            (confirming if fair else searched).setdefault(key, []).append(value)
+            (confirming if fair else searched).setdefault(key, []).append(real_value(trial))
         else:
-            reason = str(trial.user_attrs.get(_keys.FAILURE_REASON, "error"))
-            if reason == WORKER_DIED or is_predicted_failure(trial):
-                continue  # no run was spent on it (a lost worker, a simulator's prediction)
-            failures.setdefault(key, []).append(reason)
+            failures.setdefault(key, []).append(
+                str(trial.user_attrs.get(_keys.FAILURE_REASON, "error")))
         first.setdefault(key, trial)
     return {
         key: ConfirmedConfig(
@@ -312,6 +310,17 @@ def _configs(trials: Sequence[FrozenTrial]) -> dict[tuple, ConfirmedConfig]:
         )
         for key, trial in first.items()
     }
+
+
+def _run_made(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` is a run that was made: a real value, or a failure a run was spent on
+    (not one a lost worker left, nor one the simulator predicted)."""
+    if trial.state == TrialState.COMPLETE:
+        return real_value(trial) is not None
+    if trial.state != TrialState.FAIL:
+        return False  # still queued or running
+    lost = trial.user_attrs.get(_keys.FAILURE_REASON) == WORKER_DIED
+    return not lost and not is_predicted_failure(trial)
 
 
 def _search_mean(config: ConfirmedConfig) -> float | None:

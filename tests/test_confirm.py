@@ -291,3 +291,21 @@ def test_a_run_a_dead_worker_left_is_asked_for_again():
     assert [t.state for t in confirming] == [
         TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     assert found.best.runs == 2 and found.best.failures == ()
+
+
+def test_nothing_is_confirmed_before_a_confirmation_run_is_made():
+    # --timeout spent or Ctrl-C right after the runs were queued: the default's search run
+    # must not pass for a confirmed config, shipped over a far better best run
+    trials = [
+        _trial(0, 1.0, 1.0, **{DEFAULT_CONFIG: True}),
+        _trial(1, 2.0, 5.0),
+        _trial(2, 2.0, state=TrialState.WAITING, **{CONFIRMS: 1}),
+        _trial(3, 1.0, state=TrialState.WAITING, **{CONFIRMS: 0}),
+        _trial(4, 2.0, state=TrialState.FAIL, **{CONFIRMS: 1, FAILURE_REASON: "worker_died"}),
+    ]
+    assert read_confirmation(trials, maximize=True) is None
+    study = optuna.create_study(direction="maximize")
+    study.add_trials(trials)
+    ship = summarize(study).to_record()["ship"]
+    assert ship == {"source": "best_run", "trial": 1, "params": {"x": 2.0}}
+    assert "confirmed" not in summary_text(study)
