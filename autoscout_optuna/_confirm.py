@@ -33,7 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autoscout_optuna import _keys
 from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._progress import is_predicted_failure, real_value
-from autoscout_optuna._recovery import WORKER_DIED
+from autoscout_optuna._recovery import LOST_RUN_REASONS
 from autoscout_optuna._space import config_key
 
 
@@ -156,15 +156,16 @@ def confirm_best(
     The runs are trials of ``study`` queued with the user attr ``autoscout:confirms``:
     ``AutoScoutSampler`` records them as ``confirm`` (no search decision is taken, none is
     credited to an arm) and ``FidelityPruner`` always lets them run for real. A config's
-    confirmation trials count, finished, failed or still queued (not those a dead worker left,
-    ``worker_died``: those runs were never made), so calling it again (after an
-    interruption, or from a worker started later) only tops up what is missing and runs what
-    is still queued; workers calling it at the same moment may each queue the missing runs
-    (more runs of the same configs, nothing lost). It runs the queue until no confirmation
-    trial is left in it and starts no search trial; Optuna's queue is first in, first out, so
-    trials queued before the confirmation ones (``study.enqueue_trial``) run first. A
-    confirmation run that fails is recorded with its reason like any trial and not retried: a
-    config that cannot run every time ranks behind those that can.
+    confirmation trials count, finished, failed or still queued (not those a dead worker left
+    or Ctrl-C stopped, ``worker_died`` and ``interrupted``: those runs were never made), so
+    calling it again (after an interruption, or from a worker started later) only tops up what
+    is missing and runs what is still queued; workers calling it at the same moment may each
+    queue the missing runs (more runs of the same configs, nothing lost). It runs the queue
+    until no confirmation trial is left in it and starts no search trial; Optuna's queue is
+    first in, first out, so trials queued before the confirmation ones
+    (``study.enqueue_trial``) run first. A confirmation run that fails is recorded with its
+    reason like any trial and not retried: a config that cannot run every time ranks behind
+    those that can.
 
     Example:
 
@@ -243,7 +244,8 @@ def confirmation_targets(
     The ``top`` configs by the mean of the real runs the search made of them, then the default
     config (if ``include_default`` and it has a real run). Its confirmation trials count toward
     ``repeats`` whatever their state (finished, failed, waiting or running), but for those a
-    dead worker left (``failure_reason`` ``worker_died``): those runs were never made.
+    dead worker left or Ctrl-C stopped (``failure_reason`` ``worker_died``, ``interrupted``):
+    those runs were never made.
     """
     configs = _configs(trials)
     ranked = sorted((c for c in configs.values() if c.searched or c.values),
@@ -254,8 +256,10 @@ def confirmation_targets(
     asked: dict[int, int] = {}
     for trial in trials:
         number = trial.user_attrs.get(_keys.CONFIRMS)
-        # a run whose worker died was never made: it is asked for again
-        if number is not None and trial.user_attrs.get(_keys.FAILURE_REASON) != WORKER_DIED:
+        # a run whose worker died or that Ctrl-C stopped was never made: it is asked for again
+        if number is not None and (
+            trial.user_attrs.get(_keys.FAILURE_REASON) not in LOST_RUN_REASONS
+        ):
             asked[number] = asked.get(number, 0) + 1
     return [(config, max(0, repeats - asked.get(config.number, 0))) for config in ranked]
 
@@ -319,7 +323,7 @@ def _run_made(trial: FrozenTrial) -> bool:
         return real_value(trial) is not None
     if trial.state != TrialState.FAIL:
         return False  # still queued or running
-    lost = trial.user_attrs.get(_keys.FAILURE_REASON) == WORKER_DIED
+    lost = trial.user_attrs.get(_keys.FAILURE_REASON) in LOST_RUN_REASONS
     return not lost and not is_predicted_failure(trial)
 
 

@@ -26,6 +26,9 @@ from autoscout_optuna._keys import FAILURE_REASON, ORPHANED, RETRY_OF, WORKER
 from autoscout_optuna._storage import fail_trial, get_trials, set_system_attr, set_user_attr
 
 WORKER_DIED = "worker_died"  # the failure reason of a trial orphaned by its dead worker
+INTERRUPTED = "interrupted"  # the failure reason of a trial stopped by Ctrl-C
+# Trials that failed with these reasons are runs that were never made, not failed configs.
+LOST_RUN_REASONS = frozenset({WORKER_DIED, INTERRUPTED})
 
 
 def worker_identity(pid: int | None = None) -> dict[str, Any]:
@@ -53,6 +56,18 @@ def is_orphaned(trial: FrozenTrial) -> bool:
     if trial.state != TrialState.RUNNING:
         return False
     return worker_gone(trial.system_attrs.get(WORKER))
+
+
+def mark_interrupted(trial: optuna.Trial) -> None:
+    """Record that Ctrl-C stopped ``trial`` in mid-run (Optuna then fails it).
+
+    Like a dead worker's trial, its run was never made: orphaned, our samplers skip it and
+    propose its config again when the study resumes, as the uninterrupted study would have run
+    it, and a confirmation run it was is asked for again (``_confirm``) instead of failing its
+    config.
+    """
+    trial.set_user_attr(FAILURE_REASON, INTERRUPTED)
+    set_system_attr(trial.study, trial, ORPHANED, True)
 
 
 def recover_orphaned_trials(study: optuna.Study, *, retry: bool = True) -> list[int]:

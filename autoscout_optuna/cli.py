@@ -208,7 +208,7 @@ def _run(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     interrupted = False
     started = time.monotonic()
-    objective = _objective(definition, args.seed)
+    objective = _marking_interrupts(_objective(definition, args.seed))
     try:
         evaluate_default(study, definition)
         # --timeout is the wall-clock limit of the whole run, the default's measurement included
@@ -283,6 +283,25 @@ class _NoteRefresher:
         if time.monotonic() - self._last >= self.every_s:
             _dashboard.publish(study, artifact_dir=self.artifact_dir)
             self._last = time.monotonic()
+
+
+def _marking_interrupts(objective: Any) -> Any:
+    """``objective``, with a trial that Ctrl-C stops marked as a run never made.
+
+    Optuna fails it without a reason: the sampler would learn its config as a failure and
+    never try it again, and a stopped confirmation run would rank its config behind every
+    other (``_recovery.mark_interrupted``).
+    """
+    from autoscout_optuna._recovery import mark_interrupted
+
+    def objective_marking_interrupts(trial: optuna.Trial) -> float:
+        try:
+            return objective(trial)
+        except KeyboardInterrupt:
+            mark_interrupted(trial)
+            raise
+
+    return objective_marking_interrupts
 
 
 def _objective(definition: Any, seed: int | None) -> Any:

@@ -471,3 +471,59 @@ def test_the_summary_says_how_the_measured_peaks_read_the_memory_formula():
     plain = optuna.create_study(direction="maximize", sampler=AutoScoutSampler(seed=0))
     plain.optimize(reference_objective(definition), n_trials=10, catch=(Infeasible,))
     assert "memory formula" not in summary_text(plain)
+
+
+INTERRUPTED_STUDY = '''
+from autoscout_optuna._study_definition import Knobs, StudyDefinition
+
+
+def definition(*, stop_at: int = 0, n_trials: int = 4):
+    """Ctrl-C arrives during the ``stop_at``-th real run of this process (0: never)."""
+    runs = []
+
+    def suggest(trial):
+        return {"x": Knobs(trial).int("x", 0, 50, default=1)}
+
+    def measure(config, rng):
+        if rng is not None:  # a trial's run, not the default's noiseless measurement
+            runs.append(config)
+            if len(runs) == stop_at:
+                raise KeyboardInterrupt
+        return 1.0 + config["x"]
+
+    return StudyDefinition(
+        name="stop", direction="maximize", metric="it/s", suggest=suggest, measure=measure,
+        default_config={"x": 1}, options={"n_trials": n_trials},
+    )
+'''
+
+
+def test_a_trial_stopped_by_ctrl_c_runs_again_on_resume_as_the_uninterrupted_study(toy, capsys):
+    (toy / "stop.py").write_text(INTERRUPTED_STUDY)
+    status, _, err = _run_cli(capsys, "run", "stop.py", "-o", "stop_at=2", "--seed", "0")
+    assert status == 130 and "interrupted" in err
+    stopped = _study(toy, "stop").trials[1]
+    assert stopped.state == TrialState.FAIL
+    assert stopped.user_attrs["failure_reason"] == "interrupted"
+    status, _, err = _run_cli(capsys, "run", "stop.py", "--n-trials", "3", "--seed", "0")
+    assert status == 0, err
+    status, _, err = _run_cli(capsys, "run", "stop.py", "--study-name", "whole", "--seed", "0")
+    assert status == 0, err
+    resumed = [t.params for t in _study(toy, "stop").trials if t.number != 1]
+    assert resumed == [t.params for t in _study(toy, "whole").trials]
+
+
+def test_a_confirmation_run_stopped_by_ctrl_c_is_made_again_not_failed(toy, capsys):
+    from autoscout_optuna._dashboard import summarize
+
+    (toy / "stop.py").write_text(INTERRUPTED_STUDY)
+    confirm = ("--confirm", "2", "--confirm-top", "1", "--seed", "0")
+    # the 5th run is the first confirmation run (4 search trials, the default among them)
+    status, _, _ = _run_cli(capsys, "run", "stop.py", "-o", "stop_at=5", *confirm)
+    assert status == 130
+    status, _, err = _run_cli(capsys, "run", "stop.py", "--n-trials", "0", *confirm)
+    assert status == 0, err
+    confirmation = summarize(_study(toy, "stop")).confirmation
+    single_best = confirmation.single_best
+    assert confirmation.best.number == single_best
+    assert confirmation.best.runs == 2 and confirmation.best.failures == ()
