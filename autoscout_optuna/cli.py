@@ -29,6 +29,7 @@ import optuna
 DEFAULT_STORAGE = "sqlite:///autoscout.db"
 DEFAULT_ARTIFACT_DIR = "artifacts"
 DEFAULT_CLAIM_KEY = "autoscout:default_claim"  # study user attr: the worker measuring the default
+STUDY_KEY = "autoscout:study"  # study user attr: the name of the study definition it runs
 # Seconds a worker waits after writing its claim before reading it back: workers that start
 # together all see no claim and all write one; the last write wins and the others step back.
 CLAIM_SETTLE_S = 1.0
@@ -181,6 +182,7 @@ def _run(args: argparse.Namespace) -> int:
     storage = open_storage(args.storage, heartbeat=True)
     study_name = args.study_name or definition.name
     _check_direction(storage, study_name, definition.direction)
+    _check_same_study(storage, study_name, definition.name)
     study = optuna.create_study(
         storage=storage,
         study_name=study_name,
@@ -190,7 +192,7 @@ def _run(args: argparse.Namespace) -> int:
         load_if_exists=True,
     )
     study.set_user_attr(_dashboard.METRIC_KEY, definition.metric)
-    study.set_user_attr("autoscout:study", definition.name)
+    study.set_user_attr(STUDY_KEY, definition.name)
     orphans = recover_orphaned_trials(study, retry=True)
     if orphans:
         print(f"trials {orphans} were left RUNNING by a worker that died: failed "
@@ -542,6 +544,20 @@ def _check_direction(storage: optuna.storages.BaseStorage, name: str, direction:
         have = ", ".join(d.name.lower() for d in stored)
         raise UsageError(f"study name {name!r} is taken by a study that goes {have}, but this "
                          f"study goes {direction}; pick another --study-name")
+
+
+def _check_same_study(storage: optuna.storages.BaseStorage, name: str, study: str) -> None:
+    """Refuse to resume a study that ``autoscout run`` made with another study definition.
+
+    Its knobs differ: the first trial failed with Optuna's "does not support dynamic value
+    space", after the stored study's metric had been overwritten with the other study's.
+    """
+    if name not in optuna.get_all_study_names(storage):
+        return
+    stored = optuna.load_study(study_name=name, storage=storage).user_attrs.get(STUDY_KEY)
+    if stored is not None and stored != study:
+        raise UsageError(f"study name {name!r} is taken by a study of {stored!r}, but this "
+                         f"study is {study!r}; pick another --study-name")
 
 
 def _positive_int(text: str) -> int:

@@ -527,3 +527,14 @@ def test_a_confirmation_run_stopped_by_ctrl_c_is_made_again_not_failed(toy, caps
     single_best = confirmation.single_best
     assert confirmation.best.number == single_best
     assert confirmation.best.runs == 2 and confirmation.best.failures == ()
+
+
+def test_a_name_taken_by_another_study_is_refused_and_loses_nothing(toy, capsys):
+    (toy / "stop.py").write_text(INTERRUPTED_STUDY)  # maximizes too, with other knobs
+    status, _, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "2")
+    assert status == 0, err
+    status, _, err = _run_cli(capsys, "run", "stop.py", "--study-name", "toy")
+    assert status == 2 and err.count("\n") == 1
+    assert "taken by a study of 'toy'" in err and "this study is 'stop'" in err
+    study = _study(toy)
+    assert len(study.trials) == 2 and study.user_attrs["autoscout:metric"] == "items/s"
