@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -56,17 +57,30 @@ def measure_definition(
     where the study models memory, the peak memory over capacity (``memory_use``, as a real
     runner reports it: see :mod:`autoscout_optuna._memory`)."""
     if definition.is_real and definition.measure_trial is not None:
-        return float(definition.measure_trial(trial, config))
+        return _finite(definition.measure_trial(trial, config))
     if definition.is_real:
-        return float(definition.measure(config, None))
-    true_value = float(definition.measure(config, None))
+        return _finite(definition.measure(config, None))
+    true_value = _finite(definition.measure(config, None))
     trial.set_user_attr(TRUE_VALUE_KEY, true_value)
     if definition.memory_use is not None:
         trial.set_user_attr(MEMORY_USE_KEY, float(definition.memory_use(config)))
     if noise_seed is None:
         return true_value
     rng = trial_rng(noise_seed, trial.number, "measurement-noise")
-    return float(definition.measure(config, rng))
+    return _finite(definition.measure(config, rng))
+
+
+def _finite(value: Any) -> float:
+    """A measurement as a float; :class:`Infeasible` ``nan`` where it is not finite.
+
+    Optuna fails a NaN without a reason (shown as ``error``) and keeps an infinity as a
+    COMPLETE value: the progress line then counted it a real run and its best "inf", while the
+    summary, which ranks finite values only, counted it failed with no reason to read.
+    """
+    value = float(value)
+    if not math.isfinite(value):
+        raise Infeasible("nan", f"the run measured {value}")
+    return value
 
 
 def simulator_objective(definition: StudyDefinition) -> Callable[[optuna.Trial], float]:

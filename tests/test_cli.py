@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import os
 import subprocess
 import sys
@@ -538,3 +539,28 @@ def test_a_name_taken_by_another_study_is_refused_and_loses_nothing(toy, capsys)
     assert "taken by a study of 'toy'" in err and "this study is 'stop'" in err
     study = _study(toy)
     assert len(study.trials) == 2 and study.user_attrs["autoscout:metric"] == "items/s"
+
+
+@pytest.mark.parametrize("simulate", [None, lambda config: 1.0], ids=["reference", "fidelity"])
+def test_a_run_that_measures_nan_or_inf_fails_with_reason_nan(simulate):
+    from autoscout_optuna import FidelityPruner, Infeasible
+    from autoscout_optuna._dashboard import summarize
+    from autoscout_optuna._study_definition import Knobs, StudyDefinition
+
+    measured = {0: 1.0, 1: math.nan, 2: math.inf}
+    definition = StudyDefinition(
+        name="nonfinite", direction="maximize", metric="it/s",
+        suggest=lambda trial: {"x": Knobs(trial).int("x", 0, 2, default=0)},
+        measure=lambda config, rng: measured[config["x"]], simulate=simulate,
+    )
+    study = optuna.create_study(direction="maximize", pruner=FidelityPruner())
+    for x in (0, 1, 2):
+        study.enqueue_trial({"x": x})
+    reporter = ProgressReporter(n_trials=3, metric="it/s", stream=io.StringIO(), is_tty=False)
+    study.optimize(cli._objective(definition, seed=0), n_trials=3, catch=(Infeasible,),
+                   callbacks=[reporter])
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] + [TrialState.FAIL] * 2
+    assert [t.user_attrs.get("failure_reason") for t in study.trials[1:]] == ["nan", "nan"]
+    summary = summarize(study)
+    assert (reporter.real, reporter.failed) == (summary.real, summary.failed) == (1, 2)
+    assert "best 1 it/s" in reporter.stream.getvalue().splitlines()[-1]
