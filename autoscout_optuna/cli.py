@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 import warnings
@@ -440,7 +441,7 @@ def parse_options(items: Sequence[str]) -> dict[str, Any]:
     """``["num_gpus=128", "fast=true"]`` -> ``{"num_gpus": 128, "fast": True}``.
 
     Values become int, float or bool where they read as one (true/false, yes/no, on/off),
-    else stay strings; dashes in keys become underscores.
+    else stay strings (so do "nan" and "inf"); dashes in keys become underscores.
     """
     options: dict[str, Any] = {}
     for item in items:
@@ -460,9 +461,13 @@ def _parse_value(text: str) -> Any:
         return False
     for kind in (int, float):
         try:
-            return kind(text)
+            value = kind(text)
         except ValueError:
-            pass
+            continue
+        # "nan" and "inf" read as floats, but no option means them: as numbers they passed a
+        # study's range checks (NaN compares false) and failed every trial
+        if math.isfinite(value):
+            return value
     return text
 
 

@@ -66,6 +66,8 @@ def test_parse_options_rejects_malformed_items(item):
         (["run", "no_such_study"], "unknown study 'no_such_study'; known studies: "),
         (["run", "missing.py"], "study file 'missing.py' does not exist"),
         (["run", "toy_study.py", "-o", "scale=-1"], "scale=-1"),
+        (["run", "toy_study.py", "-o", "scale=nan"], "scale='nan'"),
+        (["run", "toy_study.py", "-o", "scale=inf"], "scale='inf'"),
         (["run", "toy_study.py", "-o", "warp=9"], "warp"),
         (["run", "toy_study.py", "-o", "scale"], "--option 'scale'"),
         (["run", "toy_study.py", "--storage", "nosuchdb://x"], "cannot open storage"),
