@@ -496,7 +496,8 @@ def open_storage(
     host are recovered at once, see ``_recovery``).
     """
     if must_exist and url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
+        # the query (?timeout=30, ...) is for the driver, not part of the file's name
+        path = Path(url[len("sqlite:///"):].partition("?")[0])
         if not path.is_file():
             raise UsageError(f"no database at {path} (from --storage {url}); "
                              "run `autoscout run STUDY` first")

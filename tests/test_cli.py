@@ -566,3 +566,11 @@ def test_a_run_that_measures_nan_or_inf_fails_with_reason_nan(simulate):
     summary = summarize(study)
     assert (reporter.real, reporter.failed) == (summary.real, summary.failed) == (1, 2)
     assert "best 1 it/s" in reporter.stream.getvalue().splitlines()[-1]
+
+
+def test_show_opens_a_sqlite_url_with_driver_options(toy, capsys):
+    status, _, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "2")
+    assert status == 0, err
+    status, out, err = _run_cli(capsys, "show", "--storage", "sqlite:///autoscout.db?timeout=30")
+    assert status == 0, err
+    assert "Study 'toy' (maximize): 2 trials" in out
