@@ -36,6 +36,7 @@ STUDY_KEY = "autoscout:study"  # study user attr: the name of the study definiti
 CLAIM_SETTLE_S = 1.0
 DEFAULT_N_TRIALS = 30  # when the study does not say: a few minutes on 2 CPU cores
 HEARTBEAT_INTERVAL_S = 60
+SCHEMA_RACE_RETRY_S = 0.5  # pause before connecting again after another worker made the tables
 HEARTBEAT_GRACE_S = 300  # longer than any pause of a healthy worker between heartbeats
 USAGE_ERROR = 2
 # `autoscout show` columns: the decision and its outcome; `--wide` adds every sub-sampler attr.
@@ -502,23 +503,43 @@ def open_storage(
             raise UsageError(f"no database at {path} (from --storage {url}); "
                              "run `autoscout run STUDY` first")
     try:
-        if heartbeat and "://" in url and not url.startswith(("redis", "journal")):
-            with warnings.catch_warnings():
-                # Optuna flags the heartbeat API experimental at every start: the user cannot
-                # act on it, and it buries the first progress line.
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
-                    url,
-                    heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                    grace_period=HEARTBEAT_GRACE_S,
-                    heartbeat_stale_trial_callback=(
-                        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
-                    ),
-                )
-        return optuna.storages.get_storage(url)
+        return _connect(url, heartbeat)
     except Exception as error:  # noqa: BLE001 - sqlalchemy, driver or file errors, all usage here
+        if _lost_schema_race(error):
+            # Workers started together on a new database each create its tables, and all but
+            # the first fail; the tables are there now: connect again.
+            time.sleep(SCHEMA_RACE_RETRY_S)
+            try:
+                return _connect(url, heartbeat)
+            except Exception as again:  # noqa: BLE001 - as above
+                error = again
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise UsageError(f"cannot open storage {url!r}: {first_line}") from None
+
+
+def _connect(url: str, heartbeat: bool) -> optuna.storages.BaseStorage:
+    if heartbeat and "://" in url and not url.startswith(("redis", "journal")):
+        with warnings.catch_warnings():
+            # Optuna flags the heartbeat API experimental at every start: the user cannot
+            # act on it, and it buries the first progress line.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                url,
+                heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                grace_period=HEARTBEAT_GRACE_S,
+                heartbeat_stale_trial_callback=(
+                    optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
+                ),
+            )
+    return optuna.storages.get_storage(url)
+
+
+def _lost_schema_race(error: BaseException) -> bool:
+    """Whether ``error`` says another process created the database's tables meanwhile (seen
+    with two workers on a new SQLite file: ``UNIQUE constraint failed:
+    alembic_version.version_num`` or ``table studies already exists``)."""
+    text = str(error)
+    return "alembic_version" in text or "already exists" in text
 
 
 def load_existing_study(storage: optuna.storages.BaseStorage, name: str | None) -> optuna.Study:

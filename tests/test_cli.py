@@ -574,3 +574,22 @@ def test_show_opens_a_sqlite_url_with_driver_options(toy, capsys):
     status, out, err = _run_cli(capsys, "show", "--storage", "sqlite:///autoscout.db?timeout=30")
     assert status == 0, err
     assert "Study 'toy' (maximize): 2 trials" in out
+
+
+def test_a_worker_that_loses_the_race_to_create_the_tables_connects_again(tmp_path,
+                                                                       monkeypatch):
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    real = optuna.storages.RDBStorage
+    tries = []
+
+    def other_worker_made_the_tables_first(*args, **kwargs):
+        tries.append(args)
+        if len(tries) == 1:
+            real(url)  # the other worker's tables
+            raise RuntimeError("(sqlite3.IntegrityError) UNIQUE constraint failed: "
+                               "alembic_version.version_num")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", other_worker_made_the_tables_first)
+    monkeypatch.setattr(cli, "SCHEMA_RACE_RETRY_S", 0.0, raising=False)
+    assert isinstance(cli.open_storage(url, heartbeat=True), real) and len(tries) == 2
