@@ -180,16 +180,23 @@ def test_should_prune_asked_twice_answers_the_same():
     assert any(first for first, _ in answers)
 
 
-def test_should_prune_asked_again_after_history_moved_keeps_the_first_answer():
-    # Ask-and-tell: trial a is told to run for real, then another trial finishes with a far
-    # better real value. Asked again (say in its training loop), a must not be pruned halfway
-    # through its real run, nor its record turned into "simulator".
+def _four_real_runs():
+    """A minimizing study with four real runs (estimates equal to their values), and its
+    distribution: past warm-up, no validation, no trust window."""
     dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
     study = optuna.create_study(pruner=FidelityPruner(
         n_warmup_real=2, min_pairs=2, validation_period=None, trust_window=None))
     for x in (0.5, 0.6, 0.7, 0.8):
         study.add_trial(optuna.trial.create_trial(
             params={"x": x}, distributions=dist, value=x, intermediate_values={0: x}))
+    return study, dist
+
+
+def test_should_prune_asked_again_after_history_moved_keeps_the_first_answer():
+    # Ask-and-tell: trial a is told to run for real, then another trial finishes with a far
+    # better real value. Asked again (say in its training loop), a must not be pruned halfway
+    # through its real run, nor its record turned into "simulator".
+    study, dist = _four_real_runs()
     a = study.ask(dist)
     a.report(0.45, step=0)
     assert a.should_prune() is False
@@ -203,12 +210,7 @@ def test_should_prune_asked_again_after_history_moved_keeps_the_first_answer():
 
 
 def test_should_prune_asked_before_the_estimate_decides_again_once_it_is_reported():
-    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
-    study = optuna.create_study(pruner=FidelityPruner(
-        n_warmup_real=2, min_pairs=2, validation_period=None, trust_window=None))
-    for x in (0.5, 0.6, 0.7, 0.8):
-        study.add_trial(optuna.trial.create_trial(
-            params={"x": x}, distributions=dist, value=x, intermediate_values={0: x}))
+    study, dist = _four_real_runs()
     trial = study.ask(dist)
     assert trial.should_prune() is False
     assert study.trials[trial.number].user_attrs[REASON] == "no_estimate"
