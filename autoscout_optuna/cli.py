@@ -31,6 +31,11 @@ DEFAULT_STORAGE = "sqlite:///autoscout.db"
 DEFAULT_ARTIFACT_DIR = "artifacts"
 DEFAULT_CLAIM_KEY = "autoscout:default_claim"  # study user attr: the worker measuring the default
 STUDY_KEY = "autoscout:study"  # study user attr: the name of the study definition it runs
+OPTIONS_KEY = "autoscout:options"  # study user attr: the options its measurements depend on
+# Options a resumed study may change: how many trials, how long a run may take, where logs go,
+# which GPU index a worker uses (``device_name`` still tells one kind of GPU from another);
+# every other option of a study definition changes what is measured.
+RESUME_FREE_OPTIONS = frozenset({"n_trials", "timeout", "log_dir", "device"})
 # Seconds a worker waits after writing its claim before reading it back: workers that start
 # together all see no claim and all write one; the last write wins and the others step back.
 CLAIM_SETTLE_S = 1.0
@@ -183,8 +188,7 @@ def _run(args: argparse.Namespace) -> int:
     definition = _load_definition(args.study, options, studies)
     storage = open_storage(args.storage, heartbeat=True)
     study_name = args.study_name or definition.name
-    _check_direction(storage, study_name, definition.direction)
-    _check_same_study(storage, study_name, definition.name)
+    _check_resumable(storage, study_name, definition)
     study = optuna.create_study(
         storage=storage,
         study_name=study_name,
@@ -195,6 +199,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     study.set_user_attr(_dashboard.METRIC_KEY, definition.metric)
     study.set_user_attr(STUDY_KEY, definition.name)
+    study.set_user_attr(OPTIONS_KEY, _resume_options(definition))
     orphans = recover_orphaned_trials(study, retry=True)
     if orphans:
         print(f"trials {orphans} were left RUNNING by a worker that died: failed "
@@ -560,31 +565,47 @@ def load_existing_study(storage: optuna.storages.BaseStorage, name: str | None) 
     return study
 
 
-def _check_direction(storage: optuna.storages.BaseStorage, name: str, direction: str) -> None:
-    # optuna.create_study(load_if_exists=True) silently keeps the stored direction: check first.
+def _check_resumable(
+    storage: optuna.storages.BaseStorage, name: str, definition: Any
+) -> None:
+    """Refuse to resume a study whose stored trials this run's would not compare with: another
+    direction (``create_study(load_if_exists=True)`` silently keeps the stored one), another
+    study definition (its knobs differ: Optuna's "does not support dynamic value space" after
+    the stored metric had been overwritten), or the same definition with other options (a
+    70B study resumed with ``-o preset=8b-64`` mixed both workloads into one "best")."""
     if name not in optuna.get_all_study_names(storage):
         return
-    stored = optuna.load_study(study_name=name, storage=storage).directions
-    wanted = optuna.study.StudyDirection.MAXIMIZE if direction == "maximize" else \
+    stored = optuna.load_study(study_name=name, storage=storage)
+    wanted = optuna.study.StudyDirection.MAXIMIZE if definition.direction == "maximize" else \
         optuna.study.StudyDirection.MINIMIZE
-    if list(stored) != [wanted]:
-        have = ", ".join(d.name.lower() for d in stored)
+    if list(stored.directions) != [wanted]:
+        have = ", ".join(d.name.lower() for d in stored.directions)
         raise UsageError(f"study name {name!r} is taken by a study that goes {have}, but this "
-                         f"study goes {direction}; pick another --study-name")
+                         f"study goes {definition.direction}; pick another --study-name")
+    made_by = stored.user_attrs.get(STUDY_KEY)
+    if made_by is not None and made_by != definition.name:
+        raise UsageError(f"study name {name!r} is taken by a study of {made_by!r}, but this "
+                         f"study is {definition.name!r}; pick another --study-name")
+    made_with = stored.user_attrs.get(OPTIONS_KEY)
+    if made_by is None or not isinstance(made_with, dict):
+        return  # made before options were stored, or by another tool: nothing to compare
+    options = _resume_options(definition)
+    changed = sorted(k for k in made_with.keys() | options.keys()
+                     if made_with.get(k) != options.get(k))
+    if changed:
+        raise UsageError(f"study {name!r} was made with {_options_text(made_with, changed)}, "
+                         f"this run has {_options_text(options, changed)}: their measurements "
+                         "do not compare; pick another --study-name")
 
 
-def _check_same_study(storage: optuna.storages.BaseStorage, name: str, study: str) -> None:
-    """Refuse to resume a study that ``autoscout run`` made with another study definition.
+def _resume_options(definition: Any) -> dict[str, Any]:
+    """The study's options that a resumed run must keep, as storage holds them (JSON)."""
+    kept = {k: v for k, v in dict(definition.options).items() if k not in RESUME_FREE_OPTIONS}
+    return json.loads(json.dumps(kept, default=repr))
 
-    Its knobs differ: the first trial failed with Optuna's "does not support dynamic value
-    space", after the stored study's metric had been overwritten with the other study's.
-    """
-    if name not in optuna.get_all_study_names(storage):
-        return
-    stored = optuna.load_study(study_name=name, storage=storage).user_attrs.get(STUDY_KEY)
-    if stored is not None and stored != study:
-        raise UsageError(f"study name {name!r} is taken by a study of {stored!r}, but this "
-                         f"study is {study!r}; pick another --study-name")
+
+def _options_text(options: Mapping[str, Any], keys: Sequence[str]) -> str:
+    return ", ".join(f"{k}={options[k]!r}" if k in options else f"no {k}" for k in keys)
 
 
 def _positive_int(text: str) -> int:

@@ -532,6 +532,23 @@ def test_a_confirmation_run_stopped_by_ctrl_c_is_made_again_not_failed(toy, caps
     assert confirmation.best.runs == 2 and confirmation.best.failures == ()
 
 
+def test_a_study_resumed_with_other_options_is_refused_and_loses_nothing(toy, capsys):
+    status, _, err = _run_cli(capsys, "run", "llm_training", "-o", "preset=70b-512",
+                              "--n-trials", "2", "--seed", "0")
+    assert status == 0, err
+    # another workload under the same name: its tokens/s would not compare with the stored
+    status, _, err = _run_cli(capsys, "run", "llm_training", "--n-trials", "2")
+    assert status == 2 and err.count("\n") == 1
+    assert "model='llama3-70b'" in err and "model='llama3-8b'" in err and "num_gpus" in err
+    study = _study(toy, "llm_training")
+    assert len(study.trials) == 2 and study.user_attrs["autoscout:options"]["num_gpus"] == 512
+    # the same workload resumes
+    status, _, err = _run_cli(capsys, "run", "llm_training", "-o", "preset=70b-512",
+                              "--n-trials", "1", "--seed", "0")
+    assert status == 0, err
+    assert len(_study(toy, "llm_training").trials) == 3
+
+
 def test_a_name_taken_by_another_study_is_refused_and_loses_nothing(toy, capsys):
     (toy / "stop.py").write_text(INTERRUPTED_STUDY)  # maximizes too, with other knobs
     status, _, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "2")
