@@ -216,8 +216,9 @@ def _run(args: argparse.Namespace) -> int:
     # Optuna's per-failure traceback would only bury it.
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     interrupted = False
+    crashed: str | None = None  # why the run stopped on repeated crashes
     started = time.monotonic()
-    objective = _marking_interrupts(_objective(definition, args.seed))
+    objective = _GuardedObjective(_objective(definition, args.seed))
     try:
         evaluate_default(study, definition)
         # --timeout is the wall-clock limit of the whole run, the default's measurement included
@@ -232,19 +233,26 @@ def _run(args: argparse.Namespace) -> int:
         )
     except KeyboardInterrupt:
         interrupted = True  # the running trial is FAIL already; everything else is stored
+    except SameCrashes as error:
+        crashed = str(error)
     finally:
         reporter.close()
-    if args.confirm and not interrupted:
+    if args.confirm and not interrupted and crashed is None:
         # --timeout bounds the whole run: the confirmation gets what the search left of it
         left = None if args.timeout is None else args.timeout - (time.monotonic() - started)
         if left is not None and left <= 0:
             print("--confirm: the --timeout is spent, nothing confirmed (run again with a "
                   "longer --timeout to confirm)", file=sys.stderr)
         else:
-            interrupted = _confirm(study, objective, args, definition.metric, left)
+            try:
+                interrupted = _confirm(study, objective, args, definition.metric, left)
+            except SameCrashes as error:
+                crashed = str(error)
     if interrupted:
         print("interrupted: every finished trial is stored; the same command resumes the study",
               file=sys.stderr)
+    if crashed is not None:
+        print(f"stopped: {crashed}", file=sys.stderr)
     # trials of this process only: other workers may be adding to the same study meanwhile
     me = worker_identity()
     added = sum(t.system_attrs.get(WORKER) == me for t in study.get_trials(deepcopy=False))
@@ -252,7 +260,7 @@ def _run(args: argparse.Namespace) -> int:
     _dashboard.publish(study, artifact_dir=args.artifact_dir)
     print(f"\nDashboard: autoscout dashboard --storage {args.storage} "
           f"--artifact-dir {args.artifact_dir}")
-    return 130 if interrupted else 0
+    return 130 if interrupted else 1 if crashed is not None else 0
 
 
 def _confirm(
@@ -294,23 +302,66 @@ class _NoteRefresher:
             self._last = time.monotonic()
 
 
-def _marking_interrupts(objective: Any) -> Any:
-    """``objective``, with a trial that Ctrl-C stops marked as a run never made.
+class SameCrashes(Exception):
+    """The same unexpected exception ended several trials in a row: a bug, not a config."""
 
-    Optuna fails it without a reason: the sampler would learn its config as a failure and
-    never try it again, and a stopped confirmation run would rank its config behind every
-    other (``_recovery.mark_interrupted``).
+
+class _GuardedObjective:
+    """The study's objective as ``autoscout run`` calls it: every way a trial can end is
+    recorded with its reason, and the study goes on where that makes sense.
+
+    - Ctrl-C: the trial is marked a run never made (``_recovery.mark_interrupted``; Optuna
+      fails it without a reason, the sampler would learn its config as a failure and never try
+      it again) and the run stops.
+    - Any other exception (a measure that raises ``CalledProcessError`` for a crashed job, a
+      CUDA error): the trial fails as ``Infeasible("crash", "<type>: <message>")`` and the study
+      goes on; Optuna would stop the whole run with a traceback at the first one.
+    - The same crash ending every trial of the run so far (``stop_at_start``, 3, or more), or
+      ``stop_later`` (10) trials in a row: :class:`SameCrashes` stops the run, for that is a
+      bug in the study or a dead device rather than configs to learn from. Config-dependent
+      crashes repeat too (a search pushing at a wall crashed 2 in a row on a toy study), hence
+      the longer streak once anything has run.
     """
-    from autoscout_optuna._recovery import mark_interrupted
 
-    def objective_marking_interrupts(trial: optuna.Trial) -> float:
+    def __init__(self, objective: Any, *, stop_at_start: int = 3, stop_later: int = 10) -> None:
+        self._objective = objective
+        self._stop_at_start = stop_at_start
+        self._stop_later = stop_later
+        self._streak: list[tuple[int, str]] = []  # (trial, crash detail) of the latest crashes
+        self._anything_ran = False  # a trial ended otherwise than in the streak's crash
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        from autoscout_optuna import Infeasible
+        from autoscout_optuna._objective import record_failure
+        from autoscout_optuna._recovery import mark_interrupted
+
         try:
-            return objective(trial)
+            value = self._objective(trial)
         except KeyboardInterrupt:
             mark_interrupted(trial)
             raise
+        except (Infeasible, optuna.TrialPruned):
+            self._ended_otherwise()
+            raise
+        except Exception as error:  # noqa: BLE001 - whatever a study's run raises is a crash
+            crash = Infeasible("crash", f"{type(error).__name__}: {error}"[:500])
+            record_failure(trial, crash)
+            if self._streak and self._streak[-1][1] != crash.detail:
+                self._ended_otherwise()
+            self._streak.append((trial.number, crash.detail))
+            limit = self._stop_later if self._anything_ran else self._stop_at_start
+            if len(self._streak) >= limit:
+                numbers = ", ".join(f"#{number}" for number, _ in self._streak)
+                raise SameCrashes(f"trials {numbers} crashed alike ({crash.detail}): a bug in "
+                                  "the study or a broken device rather than a config; fix it "
+                                  "and run the same command to resume") from error
+            raise crash from error
+        self._ended_otherwise()
+        return value
 
-    return objective_marking_interrupts
+    def _ended_otherwise(self) -> None:
+        self._streak = []
+        self._anything_ran = True
 
 
 def _objective(definition: Any, seed: int | None) -> Any:
@@ -418,6 +469,9 @@ def evaluate_default(study: optuna.Study, definition: Any) -> None:
         value = float(definition.measure(dict(definition.default_config), None))
     except Infeasible as error:
         print(f"the default config is infeasible: {error}", file=sys.stderr)
+        value = None
+    except Exception as error:  # noqa: BLE001 - a crash here costs the gain line, not the run
+        print(f"the default config crashed: {type(error).__name__}: {error}", file=sys.stderr)
         value = None
     study.set_user_attr(DEFAULT_VALUE_KEY, value)
 

@@ -14,7 +14,7 @@ import pytest
 from optuna.trial import TrialState
 from optuna_dashboard import get_note
 
-from autoscout_optuna import cli, studies
+from autoscout_optuna import Infeasible, cli, studies
 from autoscout_optuna._progress import ProgressReporter
 
 # A study file as a user would write one (shared with the security tests).
@@ -480,14 +480,17 @@ INTERRUPTED_STUDY = '''
 from autoscout_optuna._study_definition import Knobs, StudyDefinition
 
 
-def definition(*, stop_at: int = 0, n_trials: int = 4):
-    """Ctrl-C arrives during the ``stop_at``-th real run of this process (0: never)."""
+def definition(*, stop_at: int = 0, crash_above: int = 100, n_trials: int = 4):
+    """Ctrl-C arrives during the ``stop_at``-th real run of this process (0: never); a run of
+    x above ``crash_above`` raises, as subprocess.run(check=True) does for a crashed job."""
     runs = []
 
     def suggest(trial):
         return {"x": Knobs(trial).int("x", 0, 50, default=1)}
 
     def measure(config, rng):
+        if config["x"] > crash_above:
+            raise RuntimeError("job exited with status 139")
         if rng is not None:  # a trial's run, not the default's noiseless measurement
             runs.append(config)
             if len(runs) == stop_at:
@@ -547,6 +550,48 @@ def test_a_study_resumed_with_other_options_is_refused_and_loses_nothing(toy, ca
                               "--n-trials", "1", "--seed", "0")
     assert status == 0, err
     assert len(_study(toy, "llm_training").trials) == 3
+
+
+def test_a_run_that_raises_is_recorded_as_a_crash_and_the_study_goes_on(toy, capsys):
+    (toy / "stop.py").write_text(INTERRUPTED_STUDY)
+    status, out, err = _run_cli(capsys, "run", "stop.py", "-o", "crash_above=40",
+                                "--seed", "0", "--n-trials", "12")
+    study = _study(toy, "stop")
+    crashed = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert status == 0, err
+    assert len(study.trials) == 12 and crashed and len(crashed) < 12
+    assert {t.user_attrs["failure_reason"] for t in crashed} == {"crash"}
+    assert {t.user_attrs["failure_detail"] for t in crashed} == {
+        "RuntimeError: job exited with status 139"}
+    assert all(t.params["x"] > 40 for t in crashed) and "Best configuration:" in out
+
+
+def test_the_same_crash_three_times_in_a_row_stops_the_run(toy, capsys):
+    (toy / "stop.py").write_text(INTERRUPTED_STUDY)
+    status, out, err = _run_cli(capsys, "run", "stop.py", "-o", "crash_above=-1",
+                                "--seed", "0", "--n-trials", "10")
+    study = _study(toy, "stop")
+    assert status == 1 and "trials #0, #1, #2 crashed alike" in err
+    assert "RuntimeError: job exited with status 139" in err and "Traceback" not in err
+    assert len(study.trials) == 3 and "Study 'stop'" in out  # the summary still prints
+    assert all(t.user_attrs["failure_reason"] == "crash" for t in study.trials)
+
+
+def test_once_a_run_went_through_only_a_long_streak_of_one_crash_stops():
+    outcomes = iter([1.0, "boom", "boom", "other", "boom", "boom", "boom", "boom"])
+
+    def objective(trial):
+        outcome = next(outcomes)
+        if isinstance(outcome, str):
+            raise OSError(outcome)
+        return outcome
+
+    guarded = cli._GuardedObjective(objective, stop_at_start=2, stop_later=4)
+    study = optuna.create_study()
+    with pytest.raises(cli.SameCrashes, match=r"trials #4, #5, #6, #7 crashed alike \(OSError"):
+        study.optimize(guarded, n_trials=8, catch=(Infeasible,))
+    assert [t.user_attrs.get("failure_detail") for t in study.trials[1:4]] == [
+        "OSError: boom", "OSError: boom", "OSError: other"]
 
 
 def test_a_name_taken_by_another_study_is_refused_and_loses_nothing(toy, capsys):
