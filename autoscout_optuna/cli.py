@@ -477,7 +477,8 @@ def evaluate_default(study: optuna.Study, definition: Any) -> None:
 
 
 def queue_default_trial(study: optuna.Study, definition: Any) -> bool:
-    """Make the default config trial 0 of a study that has no trials yet; whether it did.
+    """Queue the default config as the study's next trial (trial 0 of a new study) unless a
+    trial has run it; whether it did.
 
     The measurement above only reports the gain over the default; as a trial, the sampler
     learns from it too (AutoScout transplants its dense values into the structures it tries
@@ -487,13 +488,17 @@ def queue_default_trial(study: optuna.Study, definition: Any) -> bool:
     median best at 20 trials by 0.04-0.06 of the optimum and at 100 trials by 0.001-0.07; in a
     ``make run`` of the GPT study (12 CPU trials) the default config, measured beside the
     study, beat every trial the search ran without it. Only the worker that claimed the
-    default's measurement queues it, and only into an empty study (not into one being
-    resumed).
+    default's measurement queues it, and only where no trial has run it: a worker that started
+    beside this one may have begun its first trial while this one waited out its claim, and the
+    default then runs as the next trial instead of never (neither trial 0 nor confirmed).
     """
-    if study.get_trials(deepcopy=False):
+    from autoscout_optuna._dashboard import default_trial
+
+    trials = study.get_trials(deepcopy=False)
+    if default_trial(trials) is not None:
         return False
     definition.enqueue_default(study)
-    print("trial 0 runs the default config", file=sys.stderr)
+    print(f"trial {len(trials)} runs the default config", file=sys.stderr)
     return True
 
 

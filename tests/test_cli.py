@@ -358,15 +358,18 @@ def test_a_default_claim_left_by_a_dead_worker_is_taken_over(toy, capsys):
     assert _default_trials(_study(toy)) == [0]  # the study was still empty
 
 
-def test_a_study_with_trials_is_measured_against_the_default_without_queueing_it(toy, capsys):
+def test_a_study_with_trials_but_none_of_the_default_runs_it_next(toy, capsys):
+    # a trial another worker began while this one waited out its claim on the default (or
+    # that the study ran before the CLI): the default still runs, as the next trial
     study = optuna.create_study(storage=f"sqlite:///{toy / 'autoscout.db'}", study_name="toy",
                                 direction="maximize")
     study.enqueue_trial({"layout": "tree", "x": 0.1, "depth": 3})
-    study.optimize(lambda trial: 1.0, n_trials=1)  # a trial this study ran before the CLI
+    study.optimize(lambda trial: 1.0, n_trials=1)
     status, out, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "2")
     assert status == 0, err
     assert "measuring the default" in err and "default config     1.5 items/s" in out
-    assert _default_trials(_study(toy)) == [] and "trial 0 runs" not in err
+    assert _default_trials(_study(toy)) == [1] and "trial 1 runs the default config" in err
+    assert _study(toy).trials[1].params == {"layout": "flat", "x": 0.5}
 
 
 REAL_STUDY = TOY_STUDY.replace("default_config={", "is_real=True, default_config={")
