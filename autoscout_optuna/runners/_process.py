@@ -22,7 +22,9 @@ def resolve_lock_name() -> str | None:
     """GPU this process may use: first of CUDA_VISIBLE_DEVICES, else GPU 0 if one exists."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        first = visible.split(",")[0].strip()
+        # an old-style MIG id ("MIG-GPU-<uuid>/1/0") holds slashes, which a lock file's name
+        # cannot: each becomes "_" (the name stays one per device)
+        first = visible.split(",")[0].strip().replace("/", "_")
         return first or None
     return "0" if Path("/dev/nvidia0").exists() else None
 

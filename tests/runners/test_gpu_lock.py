@@ -102,3 +102,18 @@ def test_lock_of_a_dead_worker_its_parent_has_not_reaped_is_stale(tmp_path):
         lock.release()
     finally:
         child.wait()
+
+
+@pytest.mark.parametrize("visible, name", [
+    ("1,2", "1"),
+    ("MIG-GPU-5c9ea9d2-6c1b/1/0", "MIG-GPU-5c9ea9d2-6c1b_1_0"),
+    ("GPU-5c9ea9d2, GPU-77", "GPU-5c9ea9d2"),
+])
+def test_the_lock_of_the_visible_device_has_a_file_name_safe_name(tmp_path, monkeypatch,
+                                                                   visible, name):
+    from autoscout_optuna.runners._process import resolve_lock_name
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert resolve_lock_name() == name
+    with GpuLock(name, lock_dir=tmp_path):  # an old-style MIG id made GpuLock refuse it
+        assert (tmp_path / f"gpu-{name}.lock").exists()
