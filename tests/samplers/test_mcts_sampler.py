@@ -206,3 +206,22 @@ def test_without_feature_prioritization_levels_keep_the_ask_order():
     study = _run(MCTSSampler(seed=0, feature_prioritization=False), 25)
     for trial in study.trials[10:]:
         assert trial.user_attrs["mcts:order"] == ["tp", "sm", "mode", "mbs"]
+
+
+def test_a_structural_param_first_asked_after_a_failure_of_a_dense_only_history():
+    # The history (a run and a failure) has no structural column yet when a conditional
+    # categorical is first asked: the feasibility model then fits on rows of zero columns.
+    def objective(trial):
+        x = trial.suggest_float("x", 0.0, 1.0)
+        if trial.number == 1:
+            raise Infeasible("out of memory")
+        if trial.number >= 2:
+            x += {"a": 0.0, "b": 1.0}[trial.suggest_categorical("optimizer", ["a", "b"])]
+        return x
+
+    study = optuna.create_study(sampler=MCTSSampler(seed=0))
+    study.optimize(objective, n_trials=6, catch=(Infeasible,))
+    states = [t.state for t in study.trials]
+    assert states[1] == TrialState.FAIL
+    assert states[:1] + states[2:] == [TrialState.COMPLETE] * 5
+    assert {t.params["optimizer"] for t in study.trials[2:]} == {"a", "b"}

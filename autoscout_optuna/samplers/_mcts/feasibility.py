@@ -175,6 +175,10 @@ def fit_feasibility(
         only dead pairs count.
     """
     offsets = np.concatenate([[0], np.cumsum(n_values)]).astype(int)
+    if len(n_values) == 0:
+        # No structural param asked yet (a dense-only history before a conditional one): no
+        # structure to tell apart, and the fits below need a column.
+        return FeasibilityModel(offsets, None)
     memory_parts = _memory_parts(codes, offsets, numeric, memory, estimate)
     asked = (codes != ABSENT).sum(axis=1)
     if not feasible.any():
