@@ -191,6 +191,14 @@ def settled_prefix_holds(trials: list[FrozenTrial], k: int, start: Any) -> bool:
     )
 
 
+def first_start(trials: list[FrozenTrial]) -> Any:
+    """The start time of trial 0 (None before it starts). A cache keyed by a study's name (and
+    id) checks it: a study recreated under them, e.g. by a notebook cell that calls
+    ``create_study(study_name=...)`` again on a new in-memory storage, has other start times,
+    even while its only trial is the one being sampled (which the caches' other checks skip)."""
+    return trials[0].datetime_start if trials else None
+
+
 _MAX_STUDIES = 64
 _ORPHANS = _OrphanCount()
 

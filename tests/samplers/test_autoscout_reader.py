@@ -94,3 +94,19 @@ def test_the_digest_scale_follows_every_new_score():
                         user_attrs={}, structure=(), config=(), arm="explore"))
         assert digest.scale() == score_scale(digest.scores)
     assert digest.scale() != score_scale([3.0, 5.0])  # it moved with the later scores
+
+
+def test_the_first_trial_of_a_recreated_study_sees_an_empty_history():
+    # Read with its own (running) trial excluded, trial 0 of the new study leaves no other
+    # trial whose start time could reveal the old study: the digest must not be the old one's.
+    storage = optuna.storages.InMemoryStorage()
+    reader = HistoryReader()
+    study = optuna.create_study(storage=storage, study_name="s")
+    for value in (3.0, 2.0, 1.0):
+        study.tell(_ask(study), value)
+    reader.read(study)
+    optuna.delete_study(study_name="s", storage=storage)
+    study = optuna.create_study(storage=storage, study_name="s")
+    first = study.ask()
+    history, digest = reader.read(study, exclude=study.trials[first.number])
+    assert history == [] and digest.scores == [] and digest.incumbent() is None

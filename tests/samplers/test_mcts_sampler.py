@@ -9,7 +9,7 @@ import pytest
 from optuna.testing.pytest_samplers import BasicSamplerTestCase, SingleOnlySamplerTestCase
 from optuna.trial import TrialState
 
-from autoscout_optuna import Infeasible, MCTSSampler
+from autoscout_optuna import AutoScoutSampler, CoordinateDescentSampler, Infeasible, MCTSSampler
 from autoscout_optuna.samplers._mcts.sampler import PATH_KEY, PHASE_KEY, UCT_KEY
 
 
@@ -206,6 +206,29 @@ def test_without_feature_prioritization_levels_keep_the_ask_order():
     study = _run(MCTSSampler(seed=0, feature_prioritization=False), 25)
     for trial in study.trials[10:]:
         assert trial.user_attrs["mcts:order"] == ["tp", "sm", "mode", "mbs"]
+
+
+@pytest.mark.parametrize("factory", [MCTSSampler, AutoScoutSampler, CoordinateDescentSampler])
+def test_a_sampler_reused_on_a_new_study_of_the_same_name_starts_afresh(factory):
+    # A notebook re-running ``create_study(study_name="demo", sampler=sampler)`` gets a new
+    # in-memory storage, where the new study has the old one's name and id: the caches must
+    # not hand it the old study's trials.
+    def first(trial):
+        layout = trial.suggest_categorical("layout", ["a", "b", "c"])
+        return (layout == "a") * 10 + trial.suggest_int("k", 1, 8)
+
+    def second(trial):
+        layout = trial.suggest_categorical("layout", ["a", "b", "c"])
+        return (layout != "a") * 10 - trial.suggest_int("k", 1, 8)
+
+    def proposals(sampler):
+        study = optuna.create_study(sampler=sampler, study_name="demo")
+        study.optimize(second, n_trials=12)
+        return [t.params for t in study.trials]
+
+    reused = factory(seed=0)
+    optuna.create_study(sampler=reused, study_name="demo").optimize(first, n_trials=12)
+    assert proposals(reused) == proposals(factory(seed=0))
 
 
 def test_a_structural_param_first_asked_after_a_failure_of_a_dense_only_history():

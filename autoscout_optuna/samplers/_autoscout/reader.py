@@ -23,6 +23,7 @@ from autoscout_optuna import _keys
 from autoscout_optuna._history import (
     Kind,
     Observation,
+    first_start,
     measurement_grade,
     observation_of,
     settled_prefix_holds,
@@ -175,6 +176,8 @@ class HistoryReader:
         self._digests: dict[str, StudyDigest] = {}
         # study -> (k, start time of trial k - 1, records of trials 0 .. k - 1)
         self._prefixes: dict[str, tuple[int, Any, list[Seen]]] = {}
+        # study -> start time of its trial 0 (``first_start``): tells a recreated study
+        self._firsts: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[type, tuple[()]]:
@@ -199,10 +202,13 @@ class HistoryReader:
         direction = study.direction
         skip = None if exclude is None else exclude.number
         name = study.study_name
+        trials = get_trials(study)
+        if self._firsts.get(name, first_start(trials)) != first_start(trials):
+            self._forget(name)  # a study recreated under the same name
+        self._firsts[name] = first_start(trials)
         digest = self._digests.get(name)
         if digest is None:
             digest = self._digests[name] = StudyDigest()
-        trials = get_trials(study)
         known, history = self._prefix(name, trials, skip)
         settled, start, n_records = known, None, len(history)
         pending = []
@@ -215,9 +221,7 @@ class HistoryReader:
                 hit = self._memo.get(key)
                 if hit is not None and hit[0] != trial.datetime_start:
                     # A study recreated under the same name: forget everything about the old one.
-                    self._memo = {k: v for k, v in self._memo.items() if k[0] != name}
-                    self._prefixes.pop(name, None)
-                    digest = self._digests[name] = StudyDigest()
+                    self._forget(name)
                     return self._read(study, exclude)
                 if hit is not None:
                     seen = hit[1]
@@ -234,6 +238,11 @@ class HistoryReader:
         if settled > known:
             self._prefixes[name] = (settled, start, history[:n_records])
         return history, digest, pending
+
+    def _forget(self, name: str) -> None:
+        self._memo = {k: v for k, v in self._memo.items() if k[0] != name}
+        self._prefixes.pop(name, None)
+        self._digests.pop(name, None)
 
     def _prefix(
         self, name: str, trials: list[FrozenTrial], skip: int | None

@@ -15,7 +15,12 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from autoscout_optuna import _validate
-from autoscout_optuna._history import decision_number, estimate_reliability, observation_of
+from autoscout_optuna._history import (
+    decision_number,
+    estimate_reliability,
+    first_start,
+    observation_of,
+)
 from autoscout_optuna._keys import ORPHANED
 from autoscout_optuna._rng import resolve_seed, trial_rng
 from autoscout_optuna._space import contains, discrete_values, is_structural, n_levels
@@ -226,7 +231,8 @@ class MCTSSampler(IndependentSampler):
             memory_estimate=as_estimator(memory_estimate),
         )
         self._records: OrderedDict[tuple[tuple[str, int], int], _TrialRecord] = OrderedDict()
-        self._builders: dict[tuple[str, int], TableBuilder] = {}  # cache: equal to a fresh encoding
+        # cache, equal to a fresh encoding: study -> (start of its trial 0, builder)
+        self._builders: dict[tuple[str, int], tuple[Any, TableBuilder]] = {}
         self._lock = threading.Lock()
 
     # -- pickling: the per-trial records and the lock are a cache, not state ----------------
@@ -332,10 +338,13 @@ class MCTSSampler(IndependentSampler):
         direction = study.direction
         finished, pending = [], []
         with self._lock:
-            builder = self._builders.get(_study_key(study))
-            if builder is None:
-                builder = self._builders[_study_key(study)] = TableBuilder(self.is_structural)
             trials = get_trials(study)
+            first = first_start(trials)
+            key = _study_key(study)
+            known = self._builders.get(key)
+            if known is None or known[0] != first:  # new, or recreated under its name and id
+                known = self._builders[key] = (first, TableBuilder(self.is_structural))
+            builder = known[1]
             start = builder.n_settled
             if start > len(trials) or (start and trials[start - 1].number != start - 1):
                 start = 0  # not the list we scanned before: look at everything
