@@ -48,7 +48,8 @@ class Observation:
         params: Parameters the trial took (conditional ones may be missing).
         distributions: Their distributions.
         kind: ``"real"`` (COMPLETE), ``"estimate"`` (PRUNED with an intermediate value: a
-            low-fidelity observation), ``"failed"`` (FAIL, or a NaN/inf result) or ``"pending"``
+            low-fidelity observation), ``"failed"`` (FAIL, a NaN/inf result, or a constraint
+            above 0 set with ``Trial.set_constraint``) or ``"pending"``
             (RUNNING/WAITING).
         score: The value oriented so that larger is better (negated for minimize); None unless
             ``kind`` is real or estimate.
@@ -74,7 +75,7 @@ def observation_of(trial: FrozenTrial, direction: StudyDirection) -> Observation
     score: float | None = None
     if trial.state == TrialState.COMPLETE:
         value = trial.value
-        if value is None or not math.isfinite(value):
+        if value is None or not math.isfinite(value) or _violates_a_constraint(trial):
             kind = "failed"
         else:
             kind, score = "real", orient(float(value), direction)
@@ -99,6 +100,13 @@ def observation_of(trial: FrozenTrial, direction: StudyDirection) -> Observation
         user_attrs=trial.user_attrs,
         system_attrs=trial.system_attrs,
     )
+
+
+def _violates_a_constraint(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` set a constraint (``Trial.set_constraint``) above 0: Optuna's mark of an
+    infeasible config, which ``Study.best_trial`` passes over. Like a FAIL, it is no incumbent,
+    and its structure is one to learn to avoid (DESIGN section 1)."""
+    return any(value > 0.0 for value in trial.constraints.values())
 
 
 def read_history(
