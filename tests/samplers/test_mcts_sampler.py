@@ -248,3 +248,25 @@ def test_a_structural_param_first_asked_after_a_failure_of_a_dense_only_history(
     assert states[1] == TrialState.FAIL
     assert states[:1] + states[2:] == [TrialState.COMPLETE] * 5
     assert {t.params["optimizer"] for t in study.trials[2:]} == {"a", "b"}
+
+
+@pytest.mark.parametrize("factory", [MCTSSampler, AutoScoutSampler, CoordinateDescentSampler])
+def test_a_trial_asked_and_never_told_leaves_no_plan_for_a_new_study(factory):
+    # Per-trial plans are kept until after_trial; one asked and abandoned in a study that is
+    # then recreated under its name (a new in-memory storage: same name, study id, trial ids)
+    # must not be served to the new study's trial of the same number.
+    def objective(trial, bad):
+        layout = trial.suggest_categorical("layout", ["a", "b", "c", "d"])
+        return (layout == bad) * 10 + trial.suggest_int("k", 1, 8)
+
+    def proposals(sampler):
+        study = optuna.create_study(sampler=sampler, study_name="demo")
+        study.optimize(lambda t: objective(t, "a"), n_trials=6)
+        return [t.params for t in study.trials]
+
+    reused = factory(seed=0)
+    old = optuna.create_study(sampler=reused, study_name="demo")
+    old.optimize(lambda t: objective(t, "b"), n_trials=5)
+    abandoned = old.ask()
+    abandoned.suggest_categorical("layout", ["a", "b", "c", "d"])
+    assert proposals(reused) == proposals(factory(seed=0))

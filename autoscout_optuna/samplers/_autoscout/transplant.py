@@ -43,13 +43,14 @@ class PlanCache:
     """
 
     def __init__(self) -> None:
-        self.entries: MutableMapping[int, dict[str, Any]] = {}
+        # (trial id, start time) -> plan: trial ids restart in every new in-memory storage
+        self.entries: MutableMapping[tuple[int, Any], dict[str, Any]] = {}
 
     def __reduce__(self) -> tuple[type, tuple[()]]:
         return (PlanCache, ())
 
     def lookup(self, study: optuna.Study, trial: FrozenTrial, key: str) -> Any:
-        entry = self.entries.get(trial._trial_id)
+        entry = self.entries.get(_key(trial))
         if entry is not None and key in entry:
             return entry[key]
         if key in trial.system_attrs:
@@ -60,14 +61,18 @@ class PlanCache:
             return None
         value = fresh.system_attrs.get(key, fresh.user_attrs.get(key))
         if value is not None:
-            self.entries.setdefault(trial._trial_id, {})[key] = value
+            self.entries.setdefault(_key(trial), {})[key] = value
         return value
 
     def store(self, trial: FrozenTrial, key: str, value: Any) -> None:
-        self.entries.setdefault(trial._trial_id, {})[key] = value
+        self.entries.setdefault(_key(trial), {})[key] = value
 
     def forget(self, trial: FrozenTrial) -> None:
-        self.entries.pop(trial._trial_id, None)
+        self.entries.pop(_key(trial), None)
+
+
+def _key(trial: FrozenTrial) -> tuple[int, Any]:
+    return trial._trial_id, trial.datetime_start
 
 
 class TransplantSampler(IndependentSampler):

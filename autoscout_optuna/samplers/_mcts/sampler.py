@@ -230,7 +230,9 @@ class MCTSSampler(IndependentSampler):
             memory_model=bool(memory_model),
             memory_estimate=as_estimator(memory_estimate),
         )
-        self._records: OrderedDict[tuple[tuple[str, int], int], _TrialRecord] = OrderedDict()
+        # per trial in flight: (study, trial number, start time) -> record; the start time tells
+        # a trial of a study recreated under the same name and id (``_trial_key``)
+        self._records: OrderedDict[tuple[Any, ...], _TrialRecord] = OrderedDict()
         # cache, equal to a fresh encoding: study -> (start of its trial 0, builder)
         self._builders: dict[tuple[str, int], tuple[Any, TableBuilder]] = {}
         self._lock = threading.Lock()
@@ -294,7 +296,7 @@ class MCTSSampler(IndependentSampler):
         values: Any,
     ) -> None:
         with self._lock:
-            record = self._records.pop((_study_key(study), trial.number), None)
+            record = self._records.pop(_trial_key(study, trial), None)
         self._fallback.after_trial(study, trial, state, values)
         if record is None or (record.plan is None and not record.used_fallback):
             return
@@ -324,7 +326,7 @@ class MCTSSampler(IndependentSampler):
         return self._open_record(study, trial).plan
 
     def _record(self, study: optuna.Study, trial: FrozenTrial) -> _TrialRecord:
-        key = (_study_key(study), trial.number)
+        key = _trial_key(study, trial)
         with self._lock:
             record = self._records.get(key)
             if record is None:
@@ -397,6 +399,12 @@ def _fixed_values(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | N
         except (KeyError, AttributeError):
             return None
     return dict(fixed) if isinstance(fixed, dict) else None
+
+
+def _trial_key(study: optuna.Study, trial: FrozenTrial) -> tuple[Any, ...]:
+    """A trial in flight: a trial asked and never told in a study that was then recreated
+    under its name (and id) must not hand its plan to the new study's trial of that number."""
+    return _study_key(study), trial.number, trial.datetime_start
 
 
 def _study_key(study: optuna.Study) -> tuple[str, int]:
