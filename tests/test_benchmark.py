@@ -357,6 +357,22 @@ def test_rerunning_one_contender_merges_into_the_stored_results(tmp_path):
     assert benchmark.main(argv + ["--contender", "nobody"]) == 2
 
 
+def test_a_name_one_of_the_suites_lacks_is_refused_before_any_suite_runs(
+    tmp_path, monkeypatch, capsys
+):
+    from autoscout_optuna.benchmark import suites as registry
+
+    first = toy_suite(n_trials=3, n_seeds=1)
+    second = dataclasses.replace(first, name="other",
+                                 contenders=[Contender("random", make_random)])
+    monkeypatch.setattr(registry, "find", lambda names, *, quick=False: [first, second])
+    argv = ["--suite", "toy_suite", "other", "--workers", "1", "--out", str(tmp_path)]
+    assert main(argv + ["--contender", "tpe"]) == 2
+    assert "suite other has no contender named tpe" in capsys.readouterr().err
+    assert not (tmp_path / "toy_suite").exists()  # the first suite was not run either
+    assert main(argv + ["--study", "maximize", "--contender", "random"]) == 0
+
+
 def test_a_suite_name_selects_that_suite_and_a_module_name_all_of_its_suites():
     from autoscout_optuna.benchmark import suites as registry
 

@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m autoscout_optuna.benchmark " + shlex.join(argv)
     if args.rescore:
         return _rescore_all(chosen, args, command)
+    # Every suite's names are checked before any suite runs: a name the second suite lacks
+    # must not cost the first suite's whole run (written, then exit 2).
+    plans = []
     for suite in chosen:
         suite = _override(suite, seeds=args.seeds, trials=args.trials,
                           first_seed=args.first_seed)
@@ -97,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{' or '.join(map(repr, args.study))}; it has "
                       f"{', '.join(suite.study_labels())}", file=sys.stderr)
                 return 2
+        plans.append((suite, rerun))
+    for suite, rerun in plans:
         print(f"== suite {suite.name}: {len(suite.definitions)} studies x "
               f"{len(rerun.contenders)} contenders x {suite.n_seeds} seeds x "
               f"{suite.n_trials} trials", flush=True)
