@@ -373,6 +373,31 @@ def test_a_name_one_of_the_suites_lacks_is_refused_before_any_suite_runs(
     assert main(argv + ["--study", "maximize", "--contender", "random"]) == 0
 
 
+def test_a_merge_keeps_the_stored_rows_of_a_contender_the_suite_no_longer_has(
+    tmp_path, monkeypatch, capsys
+):
+    from autoscout_optuna.benchmark import suites as registry
+
+    old = toy_suite(n_trials=3, n_seeds=1, contenders=[
+        Contender("random", make_random), Contender("dropped", make_random),
+        Contender("tpe", make_tpe)])
+    monkeypatch.setattr(registry, "find", lambda names, *, quick=False: [old])
+    argv = ["--suite", "toy_suite", "--workers", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    stored = pd.read_csv(tmp_path / "toy_suite" / "trials.csv")
+    # the suite drops a contender; re-running another one merged into the stored results (it
+    # raised "'dropped' is not in list" once the run was done, and the run was lost)
+    new = dataclasses.replace(old, contenders=[old.contenders[0], old.contenders[2]])
+    monkeypatch.setattr(registry, "find", lambda names, *, quick=False: [new])
+    assert main(argv + ["--contender", "tpe"]) == 0
+    assert "kept the stored rows of contender 'dropped'" in capsys.readouterr().err
+    merged = pd.read_csv(tmp_path / "toy_suite" / "trials.csv")
+    assert list(dict.fromkeys(merged["contender"])) == ["random", "tpe", "dropped"]
+    pd.testing.assert_frame_equal(
+        merged.drop(columns="sampler_ms").sort_values(["contender", "trial"], ignore_index=True),
+        stored.drop(columns="sampler_ms").sort_values(["contender", "trial"], ignore_index=True))
+
+
 def test_a_suite_name_selects_that_suite_and_a_module_name_all_of_its_suites():
     from autoscout_optuna.benchmark import suites as registry
 

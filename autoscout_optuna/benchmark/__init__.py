@@ -167,10 +167,18 @@ def _merge_into_report(suite: Suite, fresh: pd.DataFrame, directory: Path) -> No
     # replaced per (study, contender): a re-run restricted with --study keeps the other studies
     rerun = pd.MultiIndex.from_frame(fresh[["study", "contender"]].drop_duplicates())
     kept = stored[~pd.MultiIndex.from_frame(stored[["study", "contender"]]).isin(rerun)]
-    studies, contenders = suite.study_labels(), [c.name for c in suite.contenders]
     merged = pd.concat([kept, fresh], ignore_index=True)
-    merged["_study"] = merged["study"].map(studies.index)
-    merged["_contender"] = merged["contender"].map(contenders.index)
+    # Stored rows of a study or contender the suite no longer has (renamed, dropped) stay, after
+    # the suite's own in their stored order: failing here would lose the run just made.
+    for column, known in (("study", suite.study_labels()),
+                          ("contender", [c.name for c in suite.contenders])):
+        gone = list(dict.fromkeys(name for name in kept[column] if name not in known))
+        order = {name: index for index, name in enumerate([*known, *gone])}
+        merged[f"_{column}"] = merged[column].map(order)
+        if gone:
+            print(f"{stored_path}: kept the stored rows of {column} "
+                  f"{', '.join(map(repr, gone))}, which suite {suite.name} no longer has",
+                  file=sys.stderr)
     keys = ["_study", "_contender", "seed", "trial"]  # the job order of a full run
     merged = merged.sort_values(keys, kind="stable").drop(columns=["_study", "_contender"])
     write_report(suite, merged.reset_index(drop=True), directory)
