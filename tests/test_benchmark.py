@@ -19,6 +19,7 @@ from autoscout_optuna import Infeasible
 from autoscout_optuna._space import is_structural
 from autoscout_optuna._study_definition import StudyDefinition
 from autoscout_optuna.benchmark import Contender, Suite, TimedSampler, _report, main, run_suite
+from autoscout_optuna.benchmark._harness import COLUMNS
 
 # Toy study: mode "fast" peaks at 10.0 (x = 0.3), mode "slow" at 8.0; x > 0.9 runs out of memory.
 OPTIMUM = 10.0
@@ -556,6 +557,45 @@ def test_rescore_refuses_run_options_and_missing_results(tmp_path, monkeypatch, 
     assert main(argv) == 2
     assert "missing: " + str(tmp_path / "toy_suite" / "trials.csv") in capsys.readouterr().err
     assert not (tmp_path / "toy_suite").exists() and not (tmp_path / "README.md").exists()
+
+
+@pytest.mark.parametrize("text", ["", "study,contender\ntoy,tpe\n", "a,b\n1,2,3,4\n5\n"])
+def test_a_malformed_trials_csv_is_refused_in_one_line_before_anything_runs_or_is_rewritten(
+    tmp_path, monkeypatch, capsys, text
+):
+    from autoscout_optuna.benchmark import suites as registry
+
+    good = toy_suite(n_trials=3, n_seeds=1)
+    bad = dataclasses.replace(good, name="bad")
+    monkeypatch.setattr(registry, "find", lambda names, *, quick=False: [good])
+    assert main(["--suite", "toy_suite", "--workers", "1", "--out", str(tmp_path)]) == 0
+    written = (tmp_path / "toy_suite" / "summary.md").stat().st_mtime_ns
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "trials.csv").write_text(text)
+    monkeypatch.setattr(registry, "find", lambda names, *, quick=False: [good, bad])
+    assert main(["--suite", "toy_suite", "bad", "--rescore", "--out", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert f"{tmp_path / 'bad' / 'trials.csv'} is not a benchmark trials table" in error
+    assert "Traceback" not in error
+    # neither suite rewritten: the good one comes first, but every file is read before
+    assert (tmp_path / "toy_suite" / "summary.md").stat().st_mtime_ns == written
+    assert (tmp_path / "bad" / "trials.csv").read_text() == text
+    # a re-run merged into it is refused before it runs, not after
+    monkeypatch.setattr(registry, "find", lambda names, *, quick=False: [bad])
+    monkeypatch.setattr("autoscout_optuna.benchmark.run_suite", None)  # must not be called
+    assert main(["--suite", "bad", "--contender", "tpe", "--out", str(tmp_path)]) == 2
+    assert "cannot merge into the stored results" in capsys.readouterr().err
+
+
+def test_rescore_refuses_a_trials_csv_without_trials(tmp_path, monkeypatch, capsys):
+    from autoscout_optuna.benchmark import suites as registry
+
+    monkeypatch.setattr(registry, "find", lambda names, *, quick=False: [toy_suite()])
+    (tmp_path / "toy_suite").mkdir()
+    path = tmp_path / "toy_suite" / "trials.csv"
+    path.write_text(",".join(COLUMNS) + "\n")
+    assert main(["--suite", "toy_suite", "--rescore", "--out", str(tmp_path)]) == 2
+    assert f"--rescore: {path} holds no trials" in capsys.readouterr().err
 
 
 def test_a_report_warns_once_of_a_beaten_optimum(tmp_path):

@@ -100,8 +100,15 @@ def main(argv: list[str] | None = None) -> int:
                       f"{' or '.join(map(repr, args.study))}; it has "
                       f"{', '.join(suite.study_labels())}", file=sys.stderr)
                 return 2
-        plans.append((suite, rerun))
-    for suite, rerun in plans:
+        stored = None
+        if args.contender or args.study:  # merged into the stored results: read them first
+            try:
+                stored = _read_trials(args.out / suite.name / "trials.csv", missing_ok=True)
+            except ValueError as error:
+                print(f"cannot merge into the stored results: {error}", file=sys.stderr)
+                return 2
+        plans.append((suite, rerun, stored))
+    for suite, rerun, stored in plans:
         print(f"== suite {suite.name}: {len(suite.definitions)} studies x "
               f"{len(rerun.contenders)} contenders x {suite.n_seeds} seeds x "
               f"{suite.n_trials} trials", flush=True)
@@ -109,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         frame = run_suite(rerun, None if restricted else args.out, n_workers=args.workers,
                           log=lambda line: print(line, file=sys.stderr, flush=True))
         if restricted:
-            _merge_into_report(suite, frame, args.out / suite.name)
+            _merge_into_report(suite, frame, args.out / suite.name, stored)
         if suite.extra_report is not None and not args.quick:
             suite.extra_report(args.out / suite.name)
         _log_command(args.out, suite.name, command.strip())
@@ -153,17 +160,23 @@ def _studies(suite: Suite, texts: list[str]) -> Suite | None:
     return dataclasses.replace(suite, definitions=list(definitions), labels=list(labels))
 
 
-def _merge_into_report(suite: Suite, fresh: pd.DataFrame, directory: Path) -> None:
+def _merge_into_report(
+    suite: Suite, fresh: pd.DataFrame, directory: Path, stored: pd.DataFrame | None = None
+) -> None:
     """Replace the rows of the re-run (study, contender) pairs in ``directory/trials.csv``;
     rewrite the report.
 
     Runs are seeded and independent, so the other contenders' stored rows are what a full run
     would produce again: re-running only what changed saves the slow baselines (GP).
+    ``stored``: ``directory/trials.csv`` as read before the run (None: read it now).
     """
     from autoscout_optuna.benchmark._report import write_report
 
     stored_path = directory / "trials.csv"
-    stored = pd.read_csv(stored_path) if stored_path.is_file() else fresh.iloc[0:0]
+    if stored is None:
+        stored = _read_trials(stored_path, missing_ok=True)
+    if stored is None:
+        stored = fresh.iloc[0:0]
     # replaced per (study, contender): a re-run restricted with --study keeps the other studies
     rerun = pd.MultiIndex.from_frame(fresh[["study", "contender"]].drop_duplicates())
     kept = stored[~pd.MultiIndex.from_frame(stored[["study", "contender"]]).isin(rerun)]
@@ -199,14 +212,25 @@ def _rescore_all(chosen: list[Suite], args: argparse.Namespace, command: str) ->
     if missing:
         print(f"--rescore needs stored results; missing: {', '.join(missing)}", file=sys.stderr)
         return 2
+    stored = {}  # every file read and checked before any is rewritten
     for suite in chosen:
-        _rescore(suite, args.out / suite.name)
+        path = args.out / suite.name / "trials.csv"
+        try:
+            stored[suite.name] = _read_trials(path)
+        except ValueError as error:
+            print(f"--rescore: {error}", file=sys.stderr)
+            return 2
+        if stored[suite.name].empty:
+            print(f"--rescore: {path} holds no trials", file=sys.stderr)
+            return 2
+    for suite in chosen:
+        _rescore(suite, args.out / suite.name, stored[suite.name])
         _log_command(args.out, suite.name, command.strip())
         print((args.out / suite.name / "summary.md").read_text(), flush=True)
     return 0
 
 
-def _rescore(suite: Suite, directory: Path) -> None:
+def _rescore(suite: Suite, directory: Path, trials: pd.DataFrame | None = None) -> None:
     """Set the ``optimum`` column of ``directory/trials.csv`` to each study's current optimum
     and rewrite the reports derived from it (``Suite.rescore_report`` too).
 
@@ -215,7 +239,8 @@ def _rescore(suite: Suite, directory: Path) -> None:
     """
     from autoscout_optuna.benchmark._report import write_report
 
-    trials = pd.read_csv(directory / "trials.csv")
+    if trials is None:
+        trials = _read_trials(directory / "trials.csv")
     trials["optimum"] = trials["optimum"].astype(float)  # a round optimum reads back as int
     for label, definition in zip(suite.study_labels(), suite.definitions, strict=True):
         if definition.optimum is not None:
@@ -223,6 +248,29 @@ def _rescore(suite: Suite, directory: Path) -> None:
     write_report(suite, trials, directory)
     if suite.rescore_report is not None:
         suite.rescore_report(directory)
+
+
+def _read_trials(path: Path, *, missing_ok: bool = False) -> pd.DataFrame | None:
+    """A stored ``trials.csv`` (None where it is missing and ``missing_ok``).
+
+    Raises:
+        ValueError: the file is not a benchmark trials table (empty, unparsable, or lacking a
+            column a run writes), naming it: a traceback from deep inside pandas named neither.
+    """
+    from autoscout_optuna.benchmark._harness import COLUMNS
+
+    if missing_ok and not path.is_file():
+        return None
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError,
+            pd.errors.EmptyDataError) as error:
+        raise ValueError(f"{path} is not a benchmark trials table ({error})") from error
+    missing = [column for column in COLUMNS if column not in frame.columns]
+    if missing:
+        raise ValueError(f"{path} is not a benchmark trials table: it lacks "
+                         f"{', '.join(missing)}")
+    return frame
 
 
 def _log_command(out: Path, suite_name: str, command: str) -> None:
