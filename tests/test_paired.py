@@ -117,6 +117,25 @@ def test_paired_command_line_compares_two_stored_runs(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+def test_paired_command_line_refuses_budgets_it_cannot_compare_and_unreadable_files(
+    tmp_path, capsys
+):
+    path = tmp_path / "trials.csv"
+    pd.concat([_rows({0: [5.0, 9.0]}, contender="ref"),
+               _rows({0: [5.0, 9.9]}, contender="b")]).to_csv(path, index=False)
+    # every budget beyond the runs' 2 trials: a table of headers alone, exit 0, before
+    assert paired_main([str(path), "--against", "ref"]) == 2
+    assert "no budget of [20, 50, 100] is within the trials" in capsys.readouterr().err
+    assert paired_main([str(path), "--against", "ref", "--budgets", "0", "-3"]) == 2
+    assert "--budgets must be trial counts >= 1" in capsys.readouterr().err
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    assert paired_main([str(empty), "--against", "ref"]) == 2  # EmptyDataError before
+    assert f"cannot read {empty} as a trials table" in capsys.readouterr().err
+    assert paired_main([str(path), "--against", "ref", "--budgets", "2", "50"]) == 0
+    assert "| b | s | 2 | 1 |" in capsys.readouterr().out
+
+
 def test_every_contender_against_one_keeps_the_runs_order(tmp_path, capsys):
     run = pd.concat([_rows({0: [5.0, 9.0], 1: [5.0, 6.0]}, contender="ref"),
                      _rows({0: [5.0, 9.9], 1: [5.0, 5.0]}, contender="z-first"),

@@ -257,13 +257,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("give either AFTER or --against NAME", file=sys.stderr)
         return 2
+    if min(args.budgets) < 1:
+        print(f"--budgets must be trial counts >= 1, got {args.budgets}", file=sys.stderr)
+        return 2
     paths = [args.before] if args.after is None else [args.before, args.after]
     frames = []
     for path in paths:
         if not path.is_file():
             print(f"no such file: {path}", file=sys.stderr)
             return 2
-        frames.append(pd.read_csv(path))
+        try:
+            frames.append(pd.read_csv(path))
+        except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+            print(f"cannot read {path} as a trials table: {error}", file=sys.stderr)
+            return 2
     try:
         if args.against is not None:
             table = paired_against(frames[0], args.against, budgets=args.budgets)
@@ -274,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
             )
     except ValueError as error:
         print(f"cannot compare {' with '.join(map(str, paths))}: {error}", file=sys.stderr)
+        return 2
+    if table.empty:  # every budget beyond the runs: a table of headers alone said nothing
+        print(f"cannot compare {' with '.join(map(str, paths))}: no budget of "
+              f"{args.budgets} is within the trials both runs have", file=sys.stderr)
         return 2
     print(markdown(table), end="")
     return 0
