@@ -658,3 +658,19 @@ def test_the_script_that_reruns_every_autoscout_row_runs_each_of_its_steps(tmp_p
     written = {p.parent.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("trials.csv")}
     assert written == {"autoscout", "autoscout-long", "autoscout-overhead", "fidelity",
                        "fidelity-long", "held-out/autoscout", "held-out/fidelity-long"}
+
+
+def test_a_median_over_seeds_half_of_which_never_reached_is_shown_as_a_lower_bound():
+    # two seeds: one reaches 99 % at trial 2, one never does in 4 trials (counted as 5)
+    rows = (_hand_built("maximize", [5.0, 9.95, 9.95, 9.95], ["COMPLETE"] * 4, seed=0)
+            + _hand_built("maximize", [5.0, 6.0, 7.0, 8.0], ["COMPLETE"] * 4, seed=1))
+    summary = _report.summarize(pd.DataFrame(rows), [4], 4)
+    assert summary.loc[0, "trials_to_99_median"] == 3.5  # (2 + 5) / 2: the stored number
+    text = _report.markdown(summary, [4], 4)
+    # "3.5" read as a median of 3.5 trials; the seed that never got there could need any number
+    assert "| >=3.5 (1/2) | >=3.5 (1/2) | >=3.5 |" in text
+    assert "`>=`: half the seeds never reached" in text
+    # all seeds reached: a plain median, and no note
+    summary = _report.summarize(pd.DataFrame(rows[:4]), [4], 4)
+    text = _report.markdown(summary, [4], 4)
+    assert "| 2 (1/1) | 2 (1/1) | 2 |" in text and ">=" not in text
