@@ -159,6 +159,19 @@ def test_every_contender_against_one_keeps_the_runs_order(tmp_path, capsys):
     assert "no contender 'nobody'" in capsys.readouterr().err
 
 
+def test_a_contender_rerun_on_other_seeds_is_left_out_of_the_comparison_not_fatal():
+    # "ablation" re-run on seeds 40-41 and merged into a run of seeds 0-1 (--contender
+    # --first-seed 40): the suite's paired report raised "share no (study, seed)" for all
+    run = pd.concat([_rows({0: [5.0, 9.0], 1: [5.0, 6.0]}, contender="ref"),
+                     _rows({0: [5.0, 9.9], 1: [5.0, 5.0]}, contender="b"),
+                     _rows({40: [1.0, 2.0], 41: [3.0, 4.0]}, contender="ablation")])
+    with pytest.warns(UserWarning, match="sharing no \\(study, seed\\) with it: 'ablation'"):
+        table = paired_against(run, "ref", budgets=[2])
+    assert list(table["contender"]) == ["b"]
+    with pytest.raises(ValueError, match="no contender shares a \\(study, seed\\) with 'ref'"):
+        paired_against(run[run["contender"] != "b"], "ref", budgets=[2])
+
+
 def test_the_autoscout_suite_writes_its_paired_table_after_a_run(tmp_path):
     from autoscout_optuna.benchmark.suites.autoscout import suites, write_paired_report
 

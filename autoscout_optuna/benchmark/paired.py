@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -123,8 +124,13 @@ def paired_against(
         :func:`paired_differences` of each contender (``after``) against ``reference``
         (``before``), one block per contender in the run's order, with a ``contender`` column.
 
+    A contender that shares no (study, seed) with ``reference`` (re-run on another seed range
+    and merged into the run) is left out with a warning: it has nothing to pair, and the others
+    still do.
+
     Raises:
-        ValueError: ``reference`` is not a contender of ``trials``.
+        ValueError: ``reference`` is not a contender of ``trials``, or no other contender shares
+            a (study, seed) with it.
     """
     names = list(dict.fromkeys(trials["contender"]))
     if reference not in names:
@@ -139,13 +145,23 @@ def paired_against(
     def side(name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         return (curves.xs(name, level="contender"), fails.xs(name, level="contender"))
     order = list(dict.fromkeys(trials["study"]))
+    others = [name for name in names if name != reference]
+    if not others:
+        raise ValueError(f"the run has no contender besides {reference!r}")
+    seeds = curves.xs(reference, level="contender").index
+    unpaired = [name for name in others
+                if seeds.intersection(curves.xs(name, level="contender").index).empty]
+    if len(unpaired) == len(others):
+        raise ValueError(f"no contender shares a (study, seed) with {reference!r}: "
+                         "nothing to pair")
+    if unpaired:
+        warnings.warn(f"left out of the comparison with {reference!r}, sharing no (study, "
+                      f"seed) with it: {', '.join(map(repr, unpaired))}", stacklevel=2)
     tables = [
         _table(side(reference), side(name), budgets=budgets, order=order,
                n_trials=int(min(last[reference], last[name])) + 1).assign(contender=name)
-        for name in names if name != reference
+        for name in others if name not in unpaired
     ]
-    if not tables:
-        raise ValueError(f"the run has no contender besides {reference!r}")
     table = pd.concat(tables, ignore_index=True)
     return table[["contender", *[c for c in table.columns if c != "contender"]]]
 
