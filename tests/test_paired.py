@@ -62,6 +62,22 @@ def test_a_study_filter_runs_those_studies_and_keeps_the_others_stored(tmp_path,
     assert benchmark.main(argv + ["--contender", "tpe", "misspelt"]) == 2
 
 
+def test_a_rerun_on_other_seeds_says_which_stored_seeds_it_dropped(tmp_path, monkeypatch,
+                                                                   capsys):
+    from autoscout_optuna.benchmark import suites as registry
+
+    monkeypatch.setattr(registry, "find",
+                        lambda names, quick=False: [toy_suite(n_trials=3, n_seeds=4)])
+    argv = ["--suite", "toy_suite", "--workers", "1", "--out", str(tmp_path)]
+    assert benchmark.main(argv) == 0
+    capsys.readouterr()
+    assert benchmark.main(argv + ["--contender", "tpe"]) == 0  # the same seeds: nothing to say
+    assert "dropped" not in capsys.readouterr().err
+    assert benchmark.main(argv + ["--contender", "tpe", "--first-seed", "6", "--seeds", "1"]) == 0
+    assert ("'tpe' on 'toy[direction=maximize]': stored seeds 0-3 dropped, replaced by seeds 6"
+            in capsys.readouterr().err)
+
+
 def test_paired_differences_pair_seeds_and_count_what_moved():
     before = _rows({0: [5, 9, 9.95], 1: [5, 6, 7], 2: [1, 2, 3]}, fails={(1, 2)})
     after = _rows({0: [5, 9, 9.95], 1: [5, 8, 9.95], 3: [4, 4, 4]})

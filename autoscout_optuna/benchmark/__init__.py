@@ -180,6 +180,16 @@ def _merge_into_report(
     # replaced per (study, contender): a re-run restricted with --study keeps the other studies
     rerun = pd.MultiIndex.from_frame(fresh[["study", "contender"]].drop_duplicates())
     kept = stored[~pd.MultiIndex.from_frame(stored[["study", "contender"]]).isin(rerun)]
+    # Replaced on other seeds (--seeds, --first-seed): allowed, but the stored seeds are gone
+    # and the pair no longer runs on the seeds the others ran; say so, not silently.
+    for (study, contender), old in stored.groupby(["study", "contender"], sort=False):
+        if (study, contender) in rerun:
+            new = fresh.loc[(fresh["study"] == study) & (fresh["contender"] == contender)]
+            lost = sorted(set(old["seed"]) - set(new["seed"]))
+            if lost:
+                print(f"{stored_path}: {contender!r} on {study!r}: stored seeds "
+                      f"{_seed_text(lost)} dropped, replaced by seeds "
+                      f"{_seed_text(sorted(set(new['seed'])))}", file=sys.stderr)
     merged = pd.concat([kept, fresh], ignore_index=True)
     # Stored rows of a study or contender the suite no longer has (renamed, dropped) stay, after
     # the suite's own in their stored order: failing here would lose the run just made.
@@ -248,6 +258,13 @@ def _rescore(suite: Suite, directory: Path, trials: pd.DataFrame | None = None) 
     write_report(suite, trials, directory)
     if suite.rescore_report is not None:
         suite.rescore_report(directory)
+
+
+def _seed_text(seeds: list[int]) -> str:
+    """``0-39`` for a contiguous range, else the seeds."""
+    if seeds == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 2:
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
 
 
 def _read_trials(path: Path, *, missing_ok: bool = False) -> pd.DataFrame | None:
