@@ -1,5 +1,7 @@
 """The orchestrator's history reader: a memo of finished trials must read like a fresh one."""
 
+from typing import Any
+
 import optuna
 from optuna.trial import TrialState
 
@@ -47,15 +49,21 @@ def test_the_settled_prefix_reads_like_a_walk_over_every_trial():
     assert kept._prefixes[study.study_name][0] < len(study.trials)  # running ones remain
 
 
-def test_a_study_recreated_under_the_same_name_is_read_afresh():
+def _read_then_recreated(reader: HistoryReader, **create: Any) -> optuna.Study:
+    """A study of three trials that ``reader`` has read, deleted and created again under its
+    name in the same storage (``create``: the new study's other arguments)."""
     storage = optuna.storages.InMemoryStorage()
-    reader = HistoryReader()
     study = optuna.create_study(storage=storage, study_name="s")
     for value in (3.0, 2.0, 1.0):
         study.tell(_ask(study), value)
     assert len(reader.read(study)[0]) == 3
     optuna.delete_study(study_name="s", storage=storage)
-    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    return optuna.create_study(storage=storage, study_name="s", **create)
+
+
+def test_a_study_recreated_under_the_same_name_is_read_afresh():
+    reader = HistoryReader()
+    study = _read_then_recreated(reader, direction="maximize")
     study.tell(_ask(study), 7.0)
     history, digest = reader.read(study)
     assert _summary(history) == _summary(HistoryReader().read(study)[0])
@@ -99,14 +107,8 @@ def test_the_digest_scale_follows_every_new_score():
 def test_the_first_trial_of_a_recreated_study_sees_an_empty_history():
     # Read with its own (running) trial excluded, trial 0 of the new study leaves no other
     # trial whose start time could reveal the old study: the digest must not be the old one's.
-    storage = optuna.storages.InMemoryStorage()
     reader = HistoryReader()
-    study = optuna.create_study(storage=storage, study_name="s")
-    for value in (3.0, 2.0, 1.0):
-        study.tell(_ask(study), value)
-    reader.read(study)
-    optuna.delete_study(study_name="s", storage=storage)
-    study = optuna.create_study(storage=storage, study_name="s")
+    study = _read_then_recreated(reader)
     first = study.ask()
     history, digest = reader.read(study, exclude=study.trials[first.number])
     assert history == [] and digest.scores == [] and digest.incumbent() is None
