@@ -6,6 +6,8 @@ Presets in ``studies/`` (importable as ``autoscout_optuna.studies``) each build 
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +82,38 @@ class StudyDefinition:
         if self.default_config is None:
             raise ValueError(f"study {self.name!r} has no default config to enqueue")
         study.enqueue_trial(dict(self.default_config), user_attrs={DEFAULT_CONFIG: True})
+
+
+def check_fixed(
+    fixed: Mapping[str, Any] | None, domains: Mapping[str, optuna.distributions.BaseDistribution]
+) -> dict[str, Any]:
+    """``fixed`` checked against a study's knob ``domains``; raises ValueError naming the knob.
+
+    A pinned value skips ``suggest_*`` and so every range check the trial would make: a knob
+    name the study does not have was silently ignored, and a value outside the knob's domain
+    or of the wrong type (``tp="2"``, ``bucket_size_mb=0``) failed every trial, or crashed the
+    study mid-run, for a reason far from the option that caused it.
+    """
+    fixed = dict(fixed or {})
+    unknown = sorted(set(fixed) - set(domains))
+    if unknown:
+        raise ValueError(f"fixed: unknown knob(s) {unknown}; knobs are {sorted(domains)}")
+    for name, value in fixed.items():
+        dist = domains[name]
+        if isinstance(dist, optuna.distributions.CategoricalDistribution):
+            # type too: True == 1 and 2.0 == 2, but the study's code is written for its choices
+            if not any(type(value) is type(c) and value == c for c in dist.choices):
+                raise ValueError(f"fixed: {name} must be one of {list(dist.choices)}, "
+                                 f"got {value!r}")
+            continue
+        integral = isinstance(dist, optuna.distributions.IntDistribution)
+        kind = numbers.Integral if integral else numbers.Real
+        if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
+            raise ValueError(f"fixed: {name} must be {'an int' if integral else 'a number'}, "
+                             f"got {value!r}")
+        if not dist.low <= value <= dist.high:
+            raise ValueError(f"fixed: {name} must be in [{dist.low}, {dist.high}], got {value!r}")
+    return fixed
 
 
 class Knobs:

@@ -38,8 +38,10 @@ from typing import Any
 
 import optuna
 
+from autoscout_optuna import _validate
+from autoscout_optuna._enumerate import enumerate_configs
 from autoscout_optuna._failure import Infeasible
-from autoscout_optuna._study_definition import Knobs, StudyDefinition
+from autoscout_optuna._study_definition import Knobs, StudyDefinition, check_fixed
 
 from . import _training_model
 from ._hardware import GPUS_PER_NODE, gpu_spec
@@ -67,6 +69,23 @@ RECOMPUTE_CHOICES = ["none", "selective", "full"]
 ZERO_CHOICES = [0, 1, 2, 3]
 BUCKET_MB_DEFAULT = 160.0  # Megatron-LM DDP default: 40M fp32 gradient elements per bucket
 COMM_SMS_DEFAULT = 16  # NCCL's usual channel count on an NVSwitch node
+
+
+def knob_domains(model: str) -> dict[str, optuna.distributions.BaseDistribution]:
+    """Every knob :func:`suggest_config` may suggest and its domain (``fixed`` is checked
+    against these)."""
+    categorical = optuna.distributions.CategoricalDistribution
+    return dict(
+        tp=categorical(TP_CHOICES), pp=categorical(PP_CHOICES),
+        micro_batch=categorical(MICRO_BATCH_CHOICES), vpp=categorical(VPP_CHOICES),
+        recompute=categorical(RECOMPUTE_CHOICES),
+        recompute_layers=optuna.distributions.IntDistribution(1, model_shape(model).layers),
+        sequence_parallel=categorical([True, False]), zero_stage=categorical(ZERO_CHOICES),
+        overlap_grad_reduce=categorical([True, False]),
+        bucket_size_mb=optuna.distributions.FloatDistribution(4.0, 1024.0, log=True),
+        comm_sms=optuna.distributions.IntDistribution(1, 64),
+        cuda_graphs=categorical([False, True]),
+    )
 
 
 def suggest_config(
@@ -212,11 +231,46 @@ def _resolve(preset: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
     model_shape(options["model"])
     gpu_spec(options["gpu"])
     for key in ("num_gpus", "global_batch", "seq_len"):
-        if not isinstance(options[key], int) or options[key] < 1:
+        value = options[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key} must be a positive int, got {options[key]!r}")
     if options["num_gpus"] % GPUS_PER_NODE and options["num_gpus"] > GPUS_PER_NODE:
         raise ValueError(f"num_gpus must fill whole {GPUS_PER_NODE}-GPU nodes")
     return options
+
+
+def _expert_or_none(base: dict[str, Any], suggest: Any) -> dict[str, Any] | None:
+    """The expert config, None where its recipe has no valid layout on this cluster but other
+    layouts run; ValueError where no config of the space can run at all (a study whose every
+    trial fails says nothing), naming why."""
+    try:
+        config = expert_config(**base)
+        measure(config)
+        return config
+    except Infeasible as error:
+        expert_failure = error
+    # Only here (never for a setup the expert recipe runs on): is any config feasible? Dense
+    # knobs at their defaults are exact for that: recompute_layers defaults to every layer (the
+    # least memory), overlap_grad_reduce off has no buckets, comm_sms changes no memory.
+    failures: dict[str, int] = {}
+    for config in enumerate_configs(
+        functools.partial(suggest, dense_at_defaults=True), dense_points=1
+    ):
+        try:
+            measure(config)
+        except Infeasible as error:
+            failures[error.reason] = failures.get(error.reason, 0) + 1
+            continue
+        return None if expert_failure.reason == "invalid_layout" else expert_config(**base)
+    where = (f"{base['model']} on {base['num_gpus']}x {base['gpu']} (global batch "
+             f"{base['global_batch']}, seq_len {base['seq_len']})")
+    if not failures:
+        raise ValueError(
+            f"no tp/pp/micro_batch layout of {where} is valid: tp*pp must divide num_gpus "
+            f"and micro_batch*dp the global batch (tp, pp, micro_batch are powers of two)")
+    counts = ", ".join(f"{n} {reason}" for reason, n in sorted(failures.items()))
+    raise ValueError(f"no configuration of {where} can run ({counts}): e.g. more GPUs, a "
+                     f"smaller model, seq_len or other fixed knobs")
 
 
 def definition(
@@ -242,6 +296,8 @@ def definition(
     """
     base = _resolve(preset, dict(model=model, gpu=gpu, num_gpus=num_gpus,
                                  global_batch=global_batch, seq_len=seq_len))
+    _validate.booleans(dense_at_defaults=dense_at_defaults)
+    fixed = check_fixed(fixed, knob_domains(base["model"]))
     options = dict(base, dense_at_defaults=bool(dense_at_defaults))
     if fixed:
         options["fixed"] = dict(fixed)
@@ -249,6 +305,7 @@ def definition(
     suggest = functools.partial(
         suggest_config, **base, fixed=dict(fixed or {}), dense_at_defaults=bool(dense_at_defaults)
     )
+    default_config = _expert_or_none(base, functools.partial(suggest_config, **base, fixed=fixed))
     return StudyDefinition(
         name=NAME,
         direction="maximize",
@@ -258,7 +315,7 @@ def definition(
         simulate=simulate,
         memory_use=memory_use,
         memory_estimate=functools.partial(memory_estimate, **base, fixed=dict(fixed or {})),
-        default_config=expert_config(**base),
+        default_config=default_config,
         optimum=stored_optimum(NAME, options),
         description=(
             f"{base['model']} pre-training on {base['num_gpus']}x {base['gpu']} "

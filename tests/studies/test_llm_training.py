@@ -164,6 +164,51 @@ def test_unknown_options_name_the_argument(option, value):
         studies.load("llm_training", **{option: value})
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(num_gpus=True), "num_gpus must be a positive int"),  # -o num_gpus=yes
+    (dict(num_gpus=24), "no tp/pp/micro_batch layout"),  # 3 x dp never divides 512
+    (dict(num_gpus=1), r"can run \(24 oom\)"),
+    (dict(model="llama3-70b", num_gpus=8), "can run"),
+    (dict(seq_len=10_000_000), "can run"),
+    (dict(fixed={"foo": 1}), r"unknown knob\(s\) \['foo'\]"),
+    (dict(fixed={"tp": 3}), "tp must be one of"),
+    (dict(fixed={"tp": "2"}), "tp must be one of"),  # crashed mid-run: int % str
+    (dict(fixed={"tp": True}), "tp must be one of"),
+    (dict(fixed={"bucket_size_mb": 0.0}), "bucket_size_mb must be in"),  # ZeroDivisionError
+    (dict(fixed={"comm_sms": 0}), "comm_sms must be in"),  # ZeroDivisionError mid-run
+    (dict(fixed={"recompute_layers": 33}), "recompute_layers must be in"),
+    (dict(fixed={"recompute": "bogus"}), "recompute must be one of"),
+])
+def test_bad_or_hopeless_options_are_refused_before_anything_runs(options, message):
+    with pytest.raises(ValueError, match=message):
+        studies.load("llm_training", **options)
+
+
+def test_a_cluster_the_expert_recipe_does_not_fit_still_builds_its_study():
+    # The recipe's TP8 x PP4 does not divide 16 GPUs (this raised Infeasible from definition,
+    # a traceback in the CLI), but other layouts run: the study builds, without a default.
+    definition = studies.load("llm_training", model="llama3-70b", gpu="H200", num_gpus=16)
+    assert definition.default_config is None
+    values = feasible_values(definition, random_configs(definition, 200))
+    assert values
+
+
+def test_every_knob_the_space_suggests_has_the_domain_fixed_is_checked_against():
+    domains = llm_training.knob_domains("llama3-8b")
+
+    def objective(trial):
+        llm_training.suggest_config(trial, **llm_training.PRESETS["8b-64"])
+        return 0.0
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
+    study.optimize(objective, n_trials=300, catch=(Infeasible,))
+    for trial in study.trials:
+        for name, dist in trial.distributions.items():
+            assert dist == domains[name], name
+    pinned = study.best_trial.params  # a whole config the space suggested is accepted as fixed
+    assert studies.load("llm_training", fixed=pinned).options["fixed"] == pinned
+
+
 def test_stored_structural_optimum_is_what_enumeration_finds():
     definition = studies.load("llm_training", dense_at_defaults=True)
     value, config = find_optimum(definition)
