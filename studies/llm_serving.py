@@ -30,10 +30,14 @@ plotting stacks; neither gives p99 TTFT/TPOT goodput at < 0.2 ms per call).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
+import optuna
+
+from autoscout_optuna import _validate
 from autoscout_optuna._failure import Infeasible
-from autoscout_optuna._study_definition import Knobs, StudyDefinition
+from autoscout_optuna._study_definition import Knobs, StudyDefinition, check_fixed
 
 from . import _serving_model
 from ._hardware import gpu_spec
@@ -55,6 +59,18 @@ WORKLOAD: dict[str, Any] = dict(
     spec_acceptance=0.55, max_model_len=8192, ttft_slo_ms=2000.0, tpot_slo_ms=60.0,
 )
 
+#: The range each workload option must lie in: (low, high, whether low / high may be reached).
+#: Outside them the model computes nonsense (prefix_share 1.5 above its optimum, a negative
+#: prompt) or crashes mid-run (prompt_mean 0, spec_acceptance 1: ZeroDivisionError), and an
+#: SLO <= 0 fails every trial as slo_miss.
+WORKLOAD_RANGES: dict[str, tuple[float, float, bool, bool]] = dict(
+    prompt_mean=(0.0, math.inf, False, False), prompt_sigma=(0.0, math.inf, True, False),
+    output_mean=(0.0, math.inf, False, False), prefix_share=(0.0, 1.0, True, True),
+    arrival_cv=(0.0, math.inf, True, False), spec_acceptance=(0.0, 1.0, True, False),
+    max_model_len=(0.0, math.inf, False, False), ttft_slo_ms=(0.0, math.inf, False, False),
+    tpot_slo_ms=(0.0, math.inf, False, False),
+)
+
 TP_CHOICES = [1, 2, 4, 8]
 PP_CHOICES = [1, 2]
 BLOCK_CHOICES = [16, 8, 32]
@@ -63,6 +79,62 @@ MAX_NUM_SEQS_DEFAULT = 256
 MAX_BATCHED_TOKENS_DEFAULT = 8192
 GPU_UTIL_DEFAULT = 0.9
 LONG_PREFILL_DEFAULT = 16384  # top of the range: no per-prompt cap, as vLLM without the flag
+
+
+def knob_domains() -> dict[str, optuna.distributions.BaseDistribution]:
+    """Every knob :func:`suggest_config` may suggest and its domain (``fixed`` is checked
+    against these)."""
+    categorical, integer = (optuna.distributions.CategoricalDistribution,
+                            optuna.distributions.IntDistribution)
+    return dict(
+        tp=categorical(TP_CHOICES), pp=categorical(PP_CHOICES),
+        speculative=categorical([False, True]), num_speculative_tokens=integer(1, 6),
+        max_num_seqs=integer(8, 1024, log=True),
+        max_num_batched_tokens=integer(512, 65536, log=True),
+        chunked_prefill=categorical([True, False]),
+        long_prefill_threshold=integer(64, 16384, log=True),
+        block_size=categorical(BLOCK_CHOICES),
+        gpu_memory_utilization=optuna.distributions.FloatDistribution(0.5, 0.99),
+        cuda_graphs=categorical([True, False]), prefix_caching=categorical([True, False]),
+    )
+
+
+def _check_workload(base: dict[str, Any]) -> None:
+    for key, (low, high, low_ok, high_ok) in WORKLOAD_RANGES.items():
+        value = base[key]
+        if key == "max_model_len":
+            _validate.integers(max_model_len=value)
+        _validate.reals(**{key: value})
+        if not ((low <= value if low_ok else low < value)
+                and (value <= high if high_ok else value < high)):
+            bounds = f"{'[' if low_ok else '('}{low:g}, {high:g}{']' if high_ok else ')'}"
+            raise ValueError(f"{key} must be in {bounds}, got {value!r}")
+
+
+def _expert_or_none(base: dict[str, Any]) -> dict[str, Any] | None:
+    """The expert config, None where its layout does not exist on this node but others do; a
+    ValueError where no layout can exist (none splits the heads within the node, or the
+    weights alone exceed the most memory any layout could give them)."""
+    try:
+        config = expert_config(base)
+        measure(config)
+        return config
+    except Infeasible as error:
+        expert_failure = error
+    shape, gpu = model_shape(base["model"]), gpu_spec(base["gpu"])
+    layouts = [tp * pp for tp in TP_CHOICES for pp in PP_CHOICES
+               if tp * pp <= base["gpus_per_node"] and shape.heads % tp == 0]
+    where = f"{base['model']} on {base['gpus_per_node']}x {base['gpu']}"
+    if not layouts:
+        raise ValueError(f"no tp/pp layout of {where}: tp in {TP_CHOICES} must divide "
+                         f"{shape.heads} heads and tp*pp fit the node")
+    most = max(layouts)
+    if 2 * shape.params / most >= 0.99 * gpu.memory_gb * 1e9:
+        raise ValueError(
+            f"{where} cannot run: its weights take {2 * shape.params / most / 1e9:.0f} GB per "
+            f"GPU even at tp*pp={most}, over {gpu.memory_gb:.0f} GB x the highest "
+            f"gpu_memory_utilization 0.99")
+    return None if expert_failure.reason == "invalid_layout" else expert_config(base)
 
 
 def suggest_config(
@@ -176,8 +248,13 @@ def definition(
     base.update({k: v for k, v in overrides.items() if v is not None})
     model_shape(base["model"])
     gpu_spec(base["gpu"])
-    if not isinstance(base["gpus_per_node"], int) or base["gpus_per_node"] < 1:
-        raise ValueError(f"gpus_per_node must be a positive int, got {base['gpus_per_node']!r}")
+    gpus_per_node = base["gpus_per_node"]
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be a positive int, got {gpus_per_node!r}")
+    _check_workload(base)
+    _validate.booleans(dense_at_defaults=dense_at_defaults)
+    fixed = check_fixed(fixed, knob_domains())
+    default_config = _expert_or_none(base)
     options = dict(base, dense_at_defaults=bool(dense_at_defaults))
     if fixed:
         options["fixed"] = dict(fixed)
@@ -193,7 +270,7 @@ def definition(
         suggest=suggest,
         measure=measure,
         simulate=simulate,
-        default_config=expert_config(base),
+        default_config=default_config,
         optimum=stored_optimum(NAME, options),
         description=(
             f"{base['model']} served on {base['gpus_per_node']}x {base['gpu']} "

@@ -177,6 +177,51 @@ def test_unknown_workload_option_is_named():
         studies.load("llm_serving", arrival_rate=3.0)
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(gpus_per_node=True), "gpus_per_node must be a positive int"),
+    (dict(gpus_per_node=1), "weights take 141 GB"),  # 70B on one H100
+    (dict(prompt_mean=0), "prompt_mean must be in"),  # ZeroDivisionError mid-run
+    (dict(prompt_mean=-10), "prompt_mean must be in"),
+    (dict(output_mean=0), "output_mean must be in"),
+    (dict(prefix_share=1.5), "prefix_share must be in"),
+    (dict(arrival_cv=-1), "arrival_cv must be in"),
+    (dict(spec_acceptance=1.0), "spec_acceptance must be in"),  # ZeroDivisionError mid-run
+    (dict(max_model_len=0), "max_model_len must be in"),
+    (dict(ttft_slo_ms=-5), "ttft_slo_ms must be in"),  # every trial slo_miss
+    (dict(tpot_slo_ms=float("nan")), "tpot_slo_ms must be a number"),
+    (dict(ttft_slo_ms="fast"), "ttft_slo_ms must be a number"),
+    (dict(fixed={"bogus": 1}), r"unknown knob\(s\) \['bogus'\]"),
+    (dict(fixed={"tp": "8"}), "tp must be one of"),  # crashed mid-run: str > int
+    (dict(fixed={"gpu_memory_utilization": 1.5}), "gpu_memory_utilization must be in"),
+])
+def test_bad_or_hopeless_options_are_refused_before_anything_runs(options, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        studies.load("llm_serving", **options)
+
+
+@pytest.mark.parametrize("gpus_per_node", [3, 6])
+def test_a_node_the_expert_layout_does_not_fit_still_builds_its_study(gpus_per_node):
+    # The expert's tp=gpus_per_node does not split 64 heads: definition raised Infeasible.
+    definition = studies.load("llm_serving", gpus_per_node=gpus_per_node)
+    assert definition.default_config is None
+
+
+def test_every_knob_the_space_suggests_has_the_domain_fixed_is_checked_against(study_def):
+    domains = llm_serving.knob_domains()
+
+    def objective(trial):
+        study_def.suggest(trial)
+        return 0.0
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
+    study.optimize(objective, n_trials=300, catch=(Infeasible,))
+    for trial in study.trials:
+        for name, dist in trial.distributions.items():
+            assert dist == domains[name], name
+    pinned = study.best_trial.params
+    assert studies.load("llm_serving", fixed=pinned).options["fixed"] == pinned
+
+
 def test_stored_structural_optimum_is_what_enumeration_finds():
     definition = studies.load("llm_serving", dense_at_defaults=True)
     value, config = find_optimum(definition)
