@@ -78,6 +78,22 @@ def theoretical_memory_gb(
     return (params * per_param + activations) / BYTES_PER_GB
 
 
+def _check_fixed(fixed: Mapping[str, Any]) -> None:
+    """A fixed value is used for every structure: a bad one made every call raise, which the
+    samplers report once as a warning and then run without the estimate."""
+    for knob in ("tp", "pp", "vpp", "micro_batch", "recompute_layers"):
+        if knob in fixed and not (knob == "recompute_layers" and fixed[knob] is None):
+            _validate.integers(**{knob: fixed[knob]})
+            if fixed[knob] < 1:
+                raise ValueError(f"fixed {knob} must be >= 1, got {fixed[knob]!r}")
+    zero_stage = fixed.get("zero_stage", 0)
+    if isinstance(zero_stage, bool) or zero_stage not in _BYTES_PER_PARAM:
+        raise ValueError(f"fixed zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    if fixed.get("recompute", "none") not in RECOMPUTE_MODES:
+        raise ValueError(f"fixed recompute must be one of {RECOMPUTE_MODES}, "
+                         f"got {fixed['recompute']!r}")
+
+
 class MegatronMemoryEstimate:
     """A structure's theoretical peak memory over the GPU's, for ``memory_estimate``.
 
@@ -152,12 +168,13 @@ class MegatronMemoryEstimate:
         if heads % kv_heads:
             raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
         _validate.reals(gpu_memory_gb=gpu_memory_gb)
-        if not gpu_memory_gb > 0:
-            raise ValueError(f"gpu_memory_gb must be > 0, got {gpu_memory_gb}")
+        if not 0 < gpu_memory_gb < math.inf:
+            raise ValueError(f"gpu_memory_gb must be > 0 and finite, got {gpu_memory_gb}")
         names = dict(param_names or {})
         unknown = sorted((set(names) | set(fixed or {})) - set(KNOBS))
         if unknown:
             raise ValueError(f"unknown knob(s) {unknown}: the formula's knobs are {list(KNOBS)}")
+        _check_fixed(dict(fixed or {}))
         self._shape = {k: int(v) for k, v in shape.items()}
         self._gpu_memory_gb = float(gpu_memory_gb)
         self._names = {knob: names.get(knob, knob) for knob in KNOBS}

@@ -103,6 +103,15 @@ def test_a_layout_megatron_refuses_is_infinite_and_a_missing_micro_batch_says_no
         ({"gpu_memory_gb": 0}, "gpu_memory_gb"),
         ({"param_names": {"tensor_parallel": "tp"}}, "tensor_parallel"),
         ({"fixed": {"zero": 1}}, "zero"),
+        # each of these made every call raise (the sampler warned once and ran without it)
+        ({"gpu_memory_gb": math.inf}, "gpu_memory_gb"),  # every estimate read 0.0
+        ({"fixed": {"zero_stage": 5}}, "zero_stage"),
+        ({"fixed": {"zero_stage": True}}, "zero_stage"),
+        ({"fixed": {"recompute": "bogus"}}, "recompute"),
+        ({"fixed": {"tp": 0}}, "tp"),  # ZeroDivisionError
+        ({"fixed": {"micro_batch": 0}}, "micro_batch"),  # ZeroDivisionError
+        ({"fixed": {"pp": "2"}}, "pp"),
+        ({"fixed": {"recompute_layers": -3}}, "recompute_layers"),
     ],
 )
 def test_bad_arguments_are_named(changes, match):
