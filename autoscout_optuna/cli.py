@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -179,6 +181,29 @@ def _memory_estimate(definition: Any) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """``autoscout run``, with SIGTERM handled as Ctrl-C.
+
+    A job runs in its own session (``CommandRunner`` kills its whole process group), so a
+    terminal's Ctrl-C does not reach it and Python's default SIGTERM, which ends the worker
+    without unwinding, would leave the job running on the GPU with nobody to stop it (``kill``,
+    ``timeout``, a scheduler's preemption or ``launch_workers``' caller all send SIGTERM). As a
+    ``KeyboardInterrupt`` it unwinds like Ctrl-C: the job's group is killed, the trial is
+    marked interrupted, the run exits with status 130.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return _run_study(args)  # signal handlers can only be set in the main thread
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run_study(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _run_study(args: argparse.Namespace) -> int:
     from autoscout_optuna import AutoScoutSampler, FidelityPruner, Infeasible, _dashboard, studies
     from autoscout_optuna._keys import WORKER
     from autoscout_optuna._progress import ProgressReporter, summary_text

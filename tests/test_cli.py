@@ -658,3 +658,70 @@ def test_a_worker_that_loses_the_race_to_create_the_tables_connects_again(tmp_pa
     monkeypatch.setattr(optuna.storages, "RDBStorage", other_worker_made_the_tables_first)
     monkeypatch.setattr(cli, "SCHEMA_RACE_RETRY_S", 0.0, raising=False)
     assert isinstance(cli.open_storage(url, heartbeat=True), real) and len(tries) == 2
+
+
+SLEEPY_STUDY = '''
+import sys
+
+from autoscout_optuna._study_definition import Knobs, StudyDefinition
+from autoscout_optuna.runners import CommandRunner
+
+JOB = ("import os, time; open('job.pid', 'w').write(str(os.getpid())); "
+       "time.sleep(120); print('v=1')")
+RUNNER = CommandRunner([sys.executable, "-c", JOB], metrics={"v": r"v=(.+)"}, timeout=300,
+                       lock=None, telemetry=False, log_dir=None)
+
+
+def definition(*, n_trials: int = 2):
+    def suggest(trial):
+        return {"x": Knobs(trial).float("x", 0.0, 1.0, default=0.5)}
+
+    return StudyDefinition(
+        name="sleepy", direction="minimize", metric="v", suggest=suggest,
+        measure=lambda config, rng: RUNNER.run(None, config)["v"],
+        default_config={"x": 0.5}, options={"n_trials": n_trials},
+    )
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_sigterm_stops_the_running_job_instead_of_orphaning_it(tmp_path):
+    # The job runs in its own session: a worker ended by SIGTERM (kill, timeout, preemption)
+    # must kill it like Ctrl-C does, or it runs on, holding the GPU, after its worker is gone.
+    import signal
+    import time
+
+    (tmp_path / "sleepy.py").write_text(SLEEPY_STUDY)
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+        repo, os.environ.get("PYTHONPATH")]))}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "autoscout_optuna.cli", "run", "sleepy.py", "--storage",
+         f"sqlite:///{tmp_path / 's.db'}"], cwd=tmp_path, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pid_file = tmp_path / "job.pid"
+    job = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            assert worker.poll() is None, worker.communicate()
+            time.sleep(0.2)
+        job = int(pid_file.read_text())
+        time.sleep(0.5)  # the runner is in its read loop
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=60)
+        assert not _alive(job), "the job outlived its worker"
+        assert worker.returncode == 130 and "interrupted" in err, err
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        if job is not None and _alive(job):
+            os.kill(job, signal.SIGKILL)
