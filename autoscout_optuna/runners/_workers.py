@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from autoscout_optuna.runners._template import render
+from autoscout_optuna.runners._template import placeholders, render
 
 
 def visible_gpus() -> list[str]:
@@ -42,7 +42,10 @@ def launch_workers(
 ) -> list[subprocess.Popen]:
     """Start ``command`` once per GPU, each pinned with ``CUDA_VISIBLE_DEVICES``.
 
-    ``{gpu}`` in an argument takes the worker's GPU id (e.g. a per-worker log name).
+    ``{gpu}`` in an argument takes the worker's GPU id (e.g. a per-worker log name). The
+    arguments are templates as in ``CommandRunner``: ``{{`` and ``}}`` are literal braces (a
+    Python ``-c`` argument or a JSON value must double its braces), and ``{gpu}`` is the only
+    placeholder.
 
     Example:
         >>> import sys
@@ -62,8 +65,21 @@ def launch_workers(
         The started processes (``wait()`` on them).
 
     Raises:
-        ValueError: no GPUs given or found, or a GPU id listed twice.
+        ValueError: no GPUs given or found, a GPU id listed twice, or a placeholder other
+            than ``{gpu}`` in ``command``.
+        TypeError: ``gpus`` is one string (``"0,1"``) instead of a list of ids.
     """
+    if isinstance(gpus, (str, bytes)):
+        # a string is a Sequence: "0,1" would start three workers, one pinned to ","
+        raise TypeError(f"gpus must be a list of GPU ids such as ['0', '1'], not the string "
+                        f"{gpus!r}")
+    if isinstance(command, str) or not command:
+        raise TypeError("command must be a non-empty list of arguments, not a shell string")
+    unknown = sorted({n for part in command for n in placeholders(str(part))} - {"gpu"})
+    if unknown:
+        raise ValueError(f"command has placeholders {', '.join(f'{{{n}}}' for n in unknown)}, "
+                         "but launch_workers fills only {gpu} (write {{ and }} for literal "
+                         "braces)")
     ids = [str(g) for g in (visible_gpus() if gpus is None else gpus)]
     if not ids:
         raise ValueError("gpus is empty and no GPU is visible: nothing to pin workers to")
@@ -71,7 +87,7 @@ def launch_workers(
         raise ValueError(f"gpus lists a GPU twice: {ids}")
     processes = []
     for gpu in ids:
-        args = render(command, {"gpu": gpu}) if any("{" in c for c in command) else list(command)
+        args = render([str(part) for part in command], {"gpu": gpu})
         # PCI bus order makes CUDA's GPU ids the ones NVML (telemetry) and nvidia-smi use
         worker_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **os.environ, **dict(env or {}),
                       "CUDA_VISIBLE_DEVICES": gpu}

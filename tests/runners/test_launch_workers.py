@@ -31,3 +31,23 @@ def test_importing_the_runners_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_bad_input_is_refused_before_any_worker_starts(monkeypatch):
+    from autoscout_optuna.runners import _workers
+
+    started = []
+    monkeypatch.setattr(_workers.subprocess, "Popen", lambda *a, **k: started.append(a))
+    # a string is a Sequence: "0,1" used to start three workers, one pinned to ","
+    with pytest.raises(TypeError, match="not the string '0,1'"):
+        launch_workers([sys.executable, "-c", "pass"], gpus="0,1")
+    with pytest.raises(ValueError, match=r"placeholders \{seed\}.*only \{gpu\}"):
+        launch_workers([sys.executable, "--seed", "{seed}", "{gpu}"], gpus=["0"])
+    assert started == []
+
+
+def test_literal_braces_are_written_doubled():
+    code = "d = {{'a': {{'gpu': '{gpu}'}}}}; print(d)"
+    (worker,) = launch_workers([sys.executable, "-c", code], gpus=["2"])
+    assert worker.wait() == 0
+
