@@ -85,18 +85,33 @@ def launch_workers(
         raise ValueError("gpus is empty and no GPU is visible: nothing to pin workers to")
     if len(set(ids)) != len(ids):
         raise ValueError(f"gpus lists a GPU twice: {ids}")
-    processes = []
-    for gpu in ids:
-        args = render([str(part) for part in command], {"gpu": gpu})
-        # PCI bus order makes CUDA's GPU ids the ones NVML (telemetry) and nvidia-smi use
-        worker_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **os.environ, **dict(env or {}),
-                      "CUDA_VISIBLE_DEVICES": gpu}
-        output = None
-        if log_dir is not None:
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
-            output = open(Path(log_dir) / f"worker-gpu{gpu}.log", "w")  # noqa: SIM115
-        processes.append(subprocess.Popen(args, env=worker_env, stdout=output,
-                                          stderr=subprocess.STDOUT if output else None))
-        if output is not None:
-            output.close()  # the child holds its own descriptor
+    processes: list[subprocess.Popen] = []
+    try:
+        for gpu in ids:
+            args = render([str(part) for part in command], {"gpu": gpu})
+            # PCI bus order makes CUDA's GPU ids the ones NVML (telemetry) and nvidia-smi use
+            worker_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **os.environ, **dict(env or {}),
+                          "CUDA_VISIBLE_DEVICES": gpu}
+            output = None
+            if log_dir is not None:
+                Path(log_dir).mkdir(parents=True, exist_ok=True)
+                output = open(Path(log_dir) / f"worker-gpu{gpu}.log", "w")  # noqa: SIM115
+            try:
+                processes.append(subprocess.Popen(args, env=worker_env, stdout=output,
+                                                  stderr=subprocess.STDOUT if output else None))
+            finally:
+                if output is not None:
+                    output.close()  # the child holds its own descriptor
+    except BaseException:
+        # the caller gets no handle on the workers already started: stop them, or they run
+        # on unsupervised, each holding its GPU
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        raise
     return processes

@@ -51,3 +51,26 @@ def test_literal_braces_are_written_doubled():
     (worker,) = launch_workers([sys.executable, "-c", code], gpus=["2"])
     assert worker.wait() == 0
 
+
+def test_workers_already_started_are_stopped_when_a_later_one_cannot_start(tmp_path):
+    (tmp_path / "worker-gpu1.log").mkdir()  # worker 1's log cannot be opened
+    from autoscout_optuna.runners import _workers
+
+    real_popen, started = _workers.subprocess.Popen, []
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    _workers.subprocess.Popen = popen
+    try:
+        with pytest.raises(IsADirectoryError):
+            launch_workers([sys.executable, "-c", "import time; time.sleep(60)"],
+                           gpus=["0", "1"], log_dir=tmp_path)
+    finally:
+        _workers.subprocess.Popen = real_popen
+        alive = [p for p in started if p.poll() is None]
+        for process in alive:
+            process.kill()
+            process.wait()
+    assert len(started) == 1 and not alive, "worker 0 was left running with no handle"
