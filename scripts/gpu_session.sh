@@ -13,17 +13,26 @@
 # Environment: PYTHON (python3), WHEELS (.whl), WORKER_S (seconds the workers start trials,
 # default 270), BUDGET_S (training seconds per trial, 20), RUN_TIMEOUT_S (kill a run after, 90),
 # GPU_TESTS_S (cap on the GPU tests, 240; 0 skips them),
-# DRY_RUN=1 (CPU rehearsal: device cpu, tiny budgets, no GPU tests).
+# DRY_RUN=1 (CPU rehearsal: device cpu, tiny budgets, no GPU tests: WORKER_S 40, BUDGET_S 2,
+# RUN_TIMEOUT_S 30 unless set).
+# Exit status: 0 when the GPU tests, both workers and the summary all succeeded, else 1 (the
+# session still runs every step and writes its tables).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${1:-benchmarks/gpu/session}"
 PYTHON="${PYTHON:-python3}"
 WHEELS="${WHEELS:-.whl}"
+DEVICE=cuda
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+  DEVICE=cpu
+  WORKER_S="${WORKER_S:-40}"
+  BUDGET_S="${BUDGET_S:-2}"
+  RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-30}"
+fi
 WORKER_S="${WORKER_S:-270}"
 BUDGET_S="${BUDGET_S:-20}"
 RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-90}"
-DEVICE=cuda
-[[ "${DRY_RUN:-0}" == 1 ]] && DEVICE=cpu
+status=0  # 1 once any step failed
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/session.log"
 : >"$LOG"
@@ -43,7 +52,9 @@ if [[ "$DEVICE" == cuda && "${GPU_TESTS_S:-240}" != 0 ]]; then
   say "GPU tests"
   timeout "${GPU_TESTS_S:-240}" "$PYTHON" -m pytest -q -ra -m gpu -p no:cacheprovider \
     tests/studies/test_gpt_training_gpu.py 2>&1 | tee -a "$LOG" | tail -15
-  say "GPU tests exit ${PIPESTATUS[0]}"
+  tests_exit=${PIPESTATUS[0]}
+  say "GPU tests exit $tests_exit"
+  [[ "$tests_exit" == 0 ]] || status=1
 fi
 
 DB="$OUT_DIR/study.db"
@@ -61,6 +72,7 @@ for seed in 1 2; do
   # config's measurement (two processes creating one SQLite schema at the same instant can
   # collide; joining a running study is the norm)
   for _ in $(seq 120); do
+    kill -0 "${pids[-1]}" 2>/dev/null || break  # it died: nothing will claim, stop waiting
     "$PYTHON" -c "import optuna, sys; s = optuna.load_study(study_name='gpt_training', storage='sqlite:///$DB'); sys.exit('autoscout:default_claim' not in s.user_attrs)" \
       2>/dev/null && break
     sleep 0.5
@@ -68,7 +80,12 @@ for seed in 1 2; do
 done
 for pid in "${pids[@]}"; do
   wait "$pid"
-  say "worker $pid exit $?"
+  worker_exit=$?
+  say "worker $pid exit $worker_exit"
+  [[ "$worker_exit" == 0 ]] || status=1
 done
 tail -25 "$OUT_DIR/worker1.log" | tee -a "$LOG"
-"$PYTHON" scripts/gpu_check.py --summarize "sqlite:///$DB" --out "$OUT_DIR" 2>&1 | tee -a "$LOG"
+"$PYTHON" scripts/gpu_check.py --summarize "sqlite:///$DB" --out "$OUT_DIR" 2>&1 | tee -a "$LOG" \
+  || status=1
+say "exit $status"
+exit "$status"
