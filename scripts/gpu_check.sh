@@ -59,6 +59,9 @@ fi
 
 echo "gpu_check: $("$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")')"
 # The hard cap: the Python side stops starting trials in time; timeout is the backstop.
+# --foreground: without it timeout moves into a process group of its own, so Ctrl-C on
+# `make gpu-check` (make's group) never reached the check, which ran on to the cap.
+# The trainer runs in its own session either way; gpu_check.py kills it on SIGTERM/SIGINT.
 CAP_S=$(awk "BEGIN {print int($MINUTES * 60 + 30)}")
-exec timeout --kill-after=20 "$CAP_S" \
+exec timeout --foreground --kill-after=20 "$CAP_S" \
   "$PYTHON" scripts/gpu_check.py --minutes "$MINUTES" "${EXTRA[@]}"
