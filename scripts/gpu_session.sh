@@ -37,6 +37,18 @@ mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/session.log"
 : >"$LOG"
 say() { echo "gpu_session: $*" | tee -a "$LOG"; }
+# Ctrl-C or SIGTERM: stop the workers too. Each runs under `timeout`, in a process group of its
+# own, and a background command of a script ignores SIGINT: left alone they ran on to WORKER_S,
+# holding the GPU. timeout passes SIGTERM on; the worker then kills its job (`autoscout run`).
+pids=()
+stop_workers() {
+  trap - INT TERM
+  say "interrupted: stopping the workers"
+  [[ ${#pids[@]} -gt 0 ]] && kill -TERM "${pids[@]}" 2>/dev/null
+  wait
+  exit 130
+}
+trap stop_workers INT TERM
 
 if ! "$PYTHON" -c "import optuna, optuna_dashboard" 2>/dev/null; then
   say "installing optuna and optuna-dashboard from $WHEELS"
@@ -50,7 +62,7 @@ say "$("$PYTHON" -c 'import torch, optuna; print("torch", torch.__version__, "op
 
 if [[ "$DEVICE" == cuda && "${GPU_TESTS_S:-240}" != 0 ]]; then
   say "GPU tests"
-  timeout "${GPU_TESTS_S:-240}" "$PYTHON" -m pytest -q -ra -m gpu -p no:cacheprovider \
+  timeout --foreground "${GPU_TESTS_S:-240}" "$PYTHON" -m pytest -q -ra -m gpu -p no:cacheprovider \
     tests/studies/test_gpt_training_gpu.py 2>&1 | tee -a "$LOG" | tail -15
   tests_exit=${PIPESTATUS[0]}
   say "GPU tests exit $tests_exit"
@@ -60,7 +72,6 @@ fi
 DB="$OUT_DIR/study.db"
 rm -f "$DB"
 say "two workers on one study and one device for ${WORKER_S}s"
-pids=()
 for seed in 1 2; do
   timeout --kill-after=20 $((WORKER_S + RUN_TIMEOUT_S + 60)) \
     "$PYTHON" -m autoscout_optuna.cli run gpt_training --storage "sqlite:///$DB" --seed "$seed" --n-trials 200 \
