@@ -6,6 +6,7 @@ import os
 import queue
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,33 @@ def pump_lines(stream: Any, lines: queue.Queue[str | None]) -> None:
 
 
 def kill_group(process: subprocess.Popen) -> None:
-    """SIGTERM the whole process group (the trainer's dataloader workers too), then SIGKILL."""
+    """SIGTERM the whole process group (the trainer's dataloader workers too), then SIGKILL
+    whatever of the group is left after the grace, even when the job itself is gone already
+    (a helper that ignores SIGTERM would otherwise outlive it, holding the GPU)."""
     for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:
             return
-        try:
-            process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        deadline = time.monotonic() + grace
+        while True:
+            try:
+                process.wait(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+                if not _group_alive(process.pid):
+                    return
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a member (a zombie awaiting its reaper counts)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

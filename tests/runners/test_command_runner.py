@@ -207,3 +207,31 @@ def test_a_finished_job_whose_helper_keeps_its_output_open_is_not_a_timeout(tmp_
         time.sleep(0.1)
     else:
         pytest.fail("the finished job's helper is still running")
+
+
+def test_a_helper_that_ignores_sigterm_is_killed_with_the_job(tmp_path):
+    # kill_group sent SIGKILL only while the job itself was alive: a helper of a job that had
+    # exited (or exited on SIGTERM) and that ignores SIGTERM ran on, holding the GPU
+    helper = tmp_path / "helper.pid"
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "time.sleep(60)")
+    body = (f"import subprocess, sys\n"
+            f"p = subprocess.Popen([sys.executable, '-c', {code!r}])\n"
+            f"open({str(helper)!r}, 'w').write(str(p.pid))\n" + textwrap.dedent(SUCCESS))
+    runner = script_runner(tmp_path, body, timeout=30)
+    assert runner.run(None, {"x": 2})["val_bpb"] == pytest.approx(0.5)
+    pid = int(helper.read_text())
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        for _ in range(50):
+            if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the helper that ignores SIGTERM outlived the job")
+    finally:
+        if stat.exists():
+            import os
+            import signal
+
+            os.kill(pid, signal.SIGKILL)
