@@ -69,3 +69,22 @@ def check_seeded_noise(definition):
     assert definition.measure(config, np.random.default_rng(8)) != first
     rng = np.random.default_rng(0)
     return np.log([definition.measure(config, rng) / clean for _ in range(400)])
+
+
+def check_fixed_domains(name, suggest, domains):
+    """Every knob ``suggest`` (a trial -> config function) asks for has the domain in
+    ``domains`` that ``fixed=`` is checked against, and a whole config the space suggested is
+    accepted as ``fixed`` by study ``name``."""
+    from autoscout_optuna import studies
+
+    def objective(trial):
+        suggest(trial)
+        return 0.0
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
+    study.optimize(objective, n_trials=300, catch=(Infeasible,))
+    for trial in study.trials:
+        for knob, dist in trial.distributions.items():
+            assert dist == domains[knob], knob
+    pinned = study.best_trial.params
+    assert studies.load(name, fixed=pinned).options["fixed"] == pinned

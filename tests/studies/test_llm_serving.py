@@ -7,6 +7,7 @@ import pickle
 import optuna
 import pytest
 from _sampling import (
+    check_fixed_domains,
     check_seeded_noise,
     feasible_values,
     random_configs,
@@ -207,19 +208,7 @@ def test_a_node_the_expert_layout_does_not_fit_still_builds_its_study(gpus_per_n
 
 
 def test_every_knob_the_space_suggests_has_the_domain_fixed_is_checked_against(study_def):
-    domains = llm_serving.knob_domains()
-
-    def objective(trial):
-        study_def.suggest(trial)
-        return 0.0
-
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
-    study.optimize(objective, n_trials=300, catch=(Infeasible,))
-    for trial in study.trials:
-        for name, dist in trial.distributions.items():
-            assert dist == domains[name], name
-    pinned = study.best_trial.params
-    assert studies.load("llm_serving", fixed=pinned).options["fixed"] == pinned
+    check_fixed_domains("llm_serving", study_def.suggest, llm_serving.knob_domains())
 
 
 def test_stored_structural_optimum_is_what_enumeration_finds():

@@ -7,6 +7,7 @@ import pickle
 import optuna
 import pytest
 from _sampling import (
+    check_fixed_domains,
     check_seeded_noise,
     feasible_values,
     random_configs,
@@ -194,19 +195,10 @@ def test_a_cluster_the_expert_recipe_does_not_fit_still_builds_its_study():
 
 
 def test_every_knob_the_space_suggests_has_the_domain_fixed_is_checked_against():
-    domains = llm_training.knob_domains("llama3-8b")
-
-    def objective(trial):
-        llm_training.suggest_config(trial, **llm_training.PRESETS["8b-64"])
-        return 0.0
-
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
-    study.optimize(objective, n_trials=300, catch=(Infeasible,))
-    for trial in study.trials:
-        for name, dist in trial.distributions.items():
-            assert dist == domains[name], name
-    pinned = study.best_trial.params  # a whole config the space suggested is accepted as fixed
-    assert studies.load("llm_training", fixed=pinned).options["fixed"] == pinned
+    check_fixed_domains(
+        "llm_training",
+        lambda trial: llm_training.suggest_config(trial, **llm_training.PRESETS["8b-64"]),
+        llm_training.knob_domains("llama3-8b"))
 
 
 def test_stored_structural_optimum_is_what_enumeration_finds():
