@@ -200,6 +200,16 @@ def test_the_autoscout_suite_writes_its_paired_table_after_a_run(tmp_path):
     assert row in text
 
 
+def test_a_run_without_autoscout_rows_writes_its_trials_and_no_paired_table(tmp_path, capsys):
+    # `--contender tpe --out NEW_DIR`: the run is kept; the report had raised after it
+    from autoscout_optuna.benchmark.suites.autoscout import write_paired_report
+
+    _rows({0: [9.95] * 20}, contender="tpe").to_csv(tmp_path / "trials.csv", index=False)
+    assert write_paired_report(tmp_path) is None
+    assert "no 'autoscout' rows" in capsys.readouterr().err
+    assert not (tmp_path / "paired.md").exists()
+
+
 def test_baselines_from_the_expert_config_are_paired_with_autoscout_started_alike(tmp_path):
     from autoscout_optuna.benchmark.suites.autoscout import write_paired_report
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -286,9 +287,10 @@ def suites(quick: bool = False) -> list[Suite]:
     ]
 
 
-def write_paired_report(directory: Path) -> Path:
+def write_paired_report(directory: Path) -> Path | None:
     """``paired.md``: every contender against AutoScout's defaults, seed for seed; and the
-    contenders that start from the expert config against AutoScout started from it.
+    contenders that start from the expert config against AutoScout started from it. None (and
+    a note on stderr) where the run has no AutoScout rows to pair against.
 
     The summary's medians differ by what each seed set happens to give; paired per seed, an
     ablation's cost has an interval (``autoscout_optuna.benchmark.paired``).
@@ -303,6 +305,11 @@ def write_paired_report(directory: Path) -> Path:
     reference = "autoscout" + FROM_EXPERT
     # A baseline that starts from the expert config is judged against AutoScout started alike.
     from_scratch = trials[~expert_start | (trials["contender"] == reference)]
+    if not (from_scratch["contender"] == "autoscout").any():
+        # e.g. `--contender tpe --out NEW_DIR`: trials.csv is written, there is nothing to pair
+        print(f"{directory / 'paired.md'} not written: the run has no 'autoscout' rows to pair "
+              "the others against", file=sys.stderr)
+        return None
     table = paired_against(from_scratch, "autoscout", budgets=(20, 50, 100))
     text = (
         "# autoscout: every contender against AutoScout's defaults, seed for seed\n\n"
