@@ -654,10 +654,11 @@ def test_the_script_that_reruns_every_autoscout_row_runs_each_of_its_steps(tmp_p
         env={**os.environ, "QUICK": "1", "PYTHON": sys.executable},
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("== done in") == 7
+    assert done.stdout.count("== done in") == 9
     written = {p.parent.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("trials.csv")}
     assert written == {"autoscout", "autoscout-long", "autoscout-overhead", "fidelity",
-                       "fidelity-long", "held-out/autoscout", "held-out/fidelity-long"}
+                       "fidelity-long", "coordinate", "mcts", "held-out/autoscout",
+                       "held-out/fidelity-long"}
 
 
 def test_a_median_over_seeds_half_of_which_never_reached_is_shown_as_a_lower_bound():
