@@ -257,9 +257,7 @@ def confirmation_targets(
     for trial in trials:
         number = trial.user_attrs.get(_keys.CONFIRMS)
         # a run whose worker died or that Ctrl-C stopped was never made: it is asked for again
-        if number is not None and (
-            trial.user_attrs.get(_keys.FAILURE_REASON) not in LOST_RUN_REASONS
-        ):
+        if number is not None and not _lost(trial):
             asked[number] = asked.get(number, 0) + 1
     return [(config, max(0, repeats - asked.get(config.number, 0))) for config in ranked]
 
@@ -323,8 +321,12 @@ def _run_made(trial: FrozenTrial) -> bool:
         return real_value(trial) is not None
     if trial.state != TrialState.FAIL:
         return False  # still queued or running
-    lost = trial.user_attrs.get(_keys.FAILURE_REASON) in LOST_RUN_REASONS
-    return not lost and not is_predicted_failure(trial)
+    return not _lost(trial) and not is_predicted_failure(trial)
+
+
+def _lost(trial: FrozenTrial) -> bool:
+    """A run that was never made: its worker died, or Ctrl-C stopped it."""
+    return trial.user_attrs.get(_keys.FAILURE_REASON) in LOST_RUN_REASONS
 
 
 def _search_mean(config: ConfirmedConfig) -> float | None:
