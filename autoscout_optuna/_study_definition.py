@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._keys import DEFAULT_CONFIG
 from autoscout_optuna._space import is_structural
 
@@ -82,6 +83,28 @@ class StudyDefinition:
         if self.default_config is None:
             raise ValueError(f"study {self.name!r} has no default config to enqueue")
         study.enqueue_trial(dict(self.default_config), user_attrs={DEFAULT_CONFIG: True})
+
+
+def expert_default(
+    expert: Callable[[], Config], measure: Callable[[Config], Any],
+    check_any_runs: Callable[[], None],
+) -> Config | None:
+    """A study's default config: the expert recipe's where it runs on the setup.
+
+    Where it does not, ``check_any_runs`` raises a ValueError naming why when no config of the
+    space can run at all (a study whose every trial fails says nothing); otherwise the default
+    is None where the recipe has no valid layout on this setup (``invalid_layout``), else the
+    expert config all the same (its failure, an out-of-memory say, is a measurement too).
+    Only a recipe that fails pays for ``check_any_runs``.
+    """
+    try:
+        config = expert()
+        measure(config)
+        return config
+    except Infeasible as error:
+        failure = error
+    check_any_runs()
+    return None if failure.reason == "invalid_layout" else expert()
 
 
 def check_fixed(

@@ -37,7 +37,12 @@ import optuna
 
 from autoscout_optuna import _validate
 from autoscout_optuna._failure import Infeasible
-from autoscout_optuna._study_definition import Knobs, StudyDefinition, check_fixed
+from autoscout_optuna._study_definition import (
+    Knobs,
+    StudyDefinition,
+    check_fixed,
+    expert_default,
+)
 
 from . import _serving_model
 from ._hardware import gpu_spec
@@ -111,16 +116,9 @@ def _check_workload(base: dict[str, Any]) -> None:
             raise ValueError(f"{key} must be in {bounds}, got {value!r}")
 
 
-def _expert_or_none(base: dict[str, Any]) -> dict[str, Any] | None:
-    """The expert config, None where its layout does not exist on this node but others do; a
-    ValueError where no layout can exist (none splits the heads within the node, or the
-    weights alone exceed the most memory any layout could give them)."""
-    try:
-        config = expert_config(base)
-        measure(config)
-        return config
-    except Infeasible as error:
-        expert_failure = error
+def _check_any_layout(base: dict[str, Any]) -> None:
+    """Raise a ValueError where no layout can exist on this node: none splits the heads within
+    it, or the weights alone exceed the most memory any layout could give them."""
     shape, gpu = model_shape(base["model"]), gpu_spec(base["gpu"])
     layouts = [tp * pp for tp in TP_CHOICES for pp in PP_CHOICES
                if tp * pp <= base["gpus_per_node"] and shape.heads % tp == 0]
@@ -134,7 +132,6 @@ def _expert_or_none(base: dict[str, Any]) -> dict[str, Any] | None:
             f"{where} cannot run: its weights take {2 * shape.params / most / 1e9:.0f} GB per "
             f"GPU even at tp*pp={most}, over {gpu.memory_gb:.0f} GB x the highest "
             f"gpu_memory_utilization 0.99")
-    return None if expert_failure.reason == "invalid_layout" else expert_config(base)
 
 
 def suggest_config(
@@ -254,7 +251,8 @@ def definition(
     _check_workload(base)
     _validate.booleans(dense_at_defaults=dense_at_defaults)
     fixed = check_fixed(fixed, knob_domains())
-    default_config = _expert_or_none(base)
+    default_config = expert_default(lambda: expert_config(base), measure,
+                                    lambda: _check_any_layout(base))
     options = dict(base, dense_at_defaults=bool(dense_at_defaults))
     if fixed:
         options["fixed"] = dict(fixed)

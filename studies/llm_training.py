@@ -41,7 +41,12 @@ import optuna
 from autoscout_optuna import _validate
 from autoscout_optuna._enumerate import enumerate_configs
 from autoscout_optuna._failure import Infeasible
-from autoscout_optuna._study_definition import Knobs, StudyDefinition, check_fixed
+from autoscout_optuna._study_definition import (
+    Knobs,
+    StudyDefinition,
+    check_fixed,
+    expert_default,
+)
 
 from . import _training_model
 from ._hardware import GPUS_PER_NODE, gpu_spec
@@ -239,19 +244,11 @@ def _resolve(preset: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _expert_or_none(base: dict[str, Any], suggest: Any) -> dict[str, Any] | None:
-    """The expert config, None where its recipe has no valid layout on this cluster but other
-    layouts run; ValueError where no config of the space can run at all (a study whose every
-    trial fails says nothing), naming why."""
-    try:
-        config = expert_config(**base)
-        measure(config)
-        return config
-    except Infeasible as error:
-        expert_failure = error
-    # Only here (never for a setup the expert recipe runs on): is any config feasible? Dense
-    # knobs at their defaults are exact for that: recompute_layers defaults to every layer (the
-    # least memory), overlap_grad_reduce off has no buckets, comm_sms changes no memory.
+def _check_any_runs(base: dict[str, Any], suggest: Any) -> None:
+    """Raise a ValueError naming why where no config of the space can run on this cluster."""
+    # Dense knobs at their defaults are exact for that: recompute_layers defaults to every
+    # layer (the least memory), overlap_grad_reduce off has no buckets, comm_sms changes no
+    # memory.
     failures: dict[str, int] = {}
     for config in enumerate_configs(
         functools.partial(suggest, dense_at_defaults=True), dense_points=1
@@ -261,7 +258,7 @@ def _expert_or_none(base: dict[str, Any], suggest: Any) -> dict[str, Any] | None
         except Infeasible as error:
             failures[error.reason] = failures.get(error.reason, 0) + 1
             continue
-        return None if expert_failure.reason == "invalid_layout" else expert_config(**base)
+        return
     where = (f"{base['model']} on {base['num_gpus']}x {base['gpu']} (global batch "
              f"{base['global_batch']}, seq_len {base['seq_len']})")
     if not failures:
@@ -305,7 +302,9 @@ def definition(
     suggest = functools.partial(
         suggest_config, **base, fixed=dict(fixed or {}), dense_at_defaults=bool(dense_at_defaults)
     )
-    default_config = _expert_or_none(base, functools.partial(suggest_config, **base, fixed=fixed))
+    default_config = expert_default(
+        lambda: expert_config(**base), measure,
+        lambda: _check_any_runs(base, functools.partial(suggest_config, **base, fixed=fixed)))
     return StudyDefinition(
         name=NAME,
         direction="maximize",
