@@ -57,30 +57,36 @@ def measure_definition(
     where the study models memory, the peak memory over capacity (``memory_use``, as a real
     runner reports it: see :mod:`autoscout_optuna._memory`)."""
     if definition.is_real and definition.measure_trial is not None:
-        return _finite(definition.measure_trial(trial, config))
+        return measured_number(definition.measure_trial(trial, config))
     if definition.is_real:
-        return _finite(definition.measure(config, None))
-    true_value = _finite(definition.measure(config, None))
+        return measured_number(definition.measure(config, None))
+    true_value = measured_number(definition.measure(config, None))
     trial.set_user_attr(TRUE_VALUE_KEY, true_value)
     if definition.memory_use is not None:
         trial.set_user_attr(MEMORY_USE_KEY, float(definition.memory_use(config)))
     if noise_seed is None:
         return true_value
     rng = trial_rng(noise_seed, trial.number, "measurement-noise")
-    return _finite(definition.measure(config, rng))
+    return measured_number(definition.measure(config, rng))
 
 
-def _finite(value: Any) -> float:
-    """A measurement as a float; :class:`Infeasible` ``nan`` where it is not finite.
+def measured_number(value: Any) -> float:
+    """A real measurement as a float, or the :class:`Infeasible` that says why it is none.
 
-    Optuna fails a NaN without a reason (shown as ``error``) and keeps an infinity as a
-    COMPLETE value: the progress line then counted it a real run and its best "inf", while the
-    summary, which ranks finite values only, counted it failed with no reason to read.
+    Something that is not a number (None, a dict) fails as ``no_metric`` rather than a
+    ``TypeError`` that stops ``study.optimize``; NaN and infinities fail as ``nan``: Optuna
+    fails a NaN without a reason (shown as ``error``) and keeps an infinity as a COMPLETE
+    value, which the progress line then counted a real run with best "inf" while the summary,
+    which ranks finite values only, counted it failed with no reason to read. Like Optuna, a
+    value ``float()`` accepts (a numpy scalar, the string ``"1.5"``) counts as its number.
     """
-    value = float(value)
-    if not math.isfinite(value):
-        raise Infeasible("nan", f"the run measured {value}")
-    return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise Infeasible("no_metric", f"the run returned {value!r}, not a number"[:500]) from None
+    if not math.isfinite(number):
+        raise Infeasible("nan", f"the run measured {number}")
+    return number
 
 
 def simulator_objective(definition: StudyDefinition) -> Callable[[optuna.Trial], float]:

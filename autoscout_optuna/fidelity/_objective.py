@@ -7,6 +7,8 @@ Protocol (DESIGN section 1): report the estimate at step 0, ask ``trial.should_p
   estimate*: nothing is reported, the trial runs for real, and why is recorded;
 * an estimate that raises :class:`Infeasible` (e.g. predicted out of memory) ends the trial FAIL
   with its reason, without a real run;
+* a real measurement that is not a number fails the trial as ``no_metric``, a NaN or an
+  infinity as ``nan`` (recorded, as for any :class:`Infeasible`);
 * a trial that re-runs a config to confirm it (user attr ``autoscout:confirms``, see
   ``autoscout_optuna.confirm_best``) skips the estimate and runs for real.
 """
@@ -24,6 +26,7 @@ from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._objective import (
     call_recording_failure,
     measure_definition,
+    measured_number,
     record_failure,
 )
 from autoscout_optuna._study_definition import StudyDefinition
@@ -87,7 +90,8 @@ def multi_fidelity_objective(
         estimate: Cheap estimate of a config; may raise ``Infeasible`` (the trial fails without
             a real run) or fail in any other way (the trial runs for real).
         measure: The real measurement of a config; may raise ``Infeasible``. A result that is
-            not a number (None, say) ends the trial ``Infeasible("no_metric")``.
+            not a number (None, say) ends the trial ``Infeasible("no_metric")``, a NaN or an
+            infinity ``Infeasible("nan")``, each recorded as the trial's ``failure_reason``.
     """
 
     def objective(trial: optuna.Trial) -> float:
@@ -169,16 +173,9 @@ def from_definition(
 
 
 def _measured(trial: optuna.Trial, measure: Callable[[], Any]) -> float:
-    """The real measurement as a float; one that is not a number fails the trial as
-    ``Infeasible("no_metric")`` (recorded), as a hand-written objective returning it would
-    end FAIL, rather than a ``TypeError`` that stops ``study.optimize``."""
-    value = call_recording_failure(trial, measure)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        error = Infeasible("no_metric", f"measure returned {value!r}, not a number"[:500])
-        record_failure(trial, error)
-        raise error from None
+    """The real measurement as a float; one that is not a number or not finite fails the trial
+    (``no_metric`` / ``nan``, recorded: see :func:`measured_number`)."""
+    return call_recording_failure(trial, lambda: measured_number(measure()))
 
 
 def _safe_estimate(trial: optuna.Trial, estimate: Callable[[], float]) -> float | None:

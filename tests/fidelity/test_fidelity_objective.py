@@ -263,11 +263,20 @@ def test_study_ensemble_estimator_falls_back_to_the_raw_value_on_a_value_it_cann
     assert StudyEnsembleEstimator().estimate(trial, trial.params, 50.0) == 50.0
 
 
-@pytest.mark.parametrize("result", [None, "fast", [1.0]])
-def test_a_measurement_that_is_not_a_number_fails_the_trial_not_the_study(result):
+@pytest.mark.parametrize(("result", "reason", "detail"), [
+    (None, "no_metric", "not a number"), ("fast", "no_metric", "not a number"),
+    ([1.0], "no_metric", "not a number"),
+    # Optuna alone fails a NaN with no reason to read and keeps an infinity as COMPLETE (the
+    # samplers would then chase a config whose "measurement" was a broken run).
+    (math.nan, "nan", "measured nan"), (math.inf, "nan", "measured inf"),
+    (-math.inf, "nan", "measured -inf"),
+])
+def test_a_measurement_that_is_not_a_finite_number_fails_the_trial_not_the_study(
+    result, reason, detail
+):
     objective = multi_fidelity_objective(_suggest, lambda c: c["x"], lambda c: result)
     study = optuna.create_study(pruner=FidelityPruner())
     study.optimize(objective, n_trials=3, catch=(Infeasible,))
     assert [t.state for t in study.trials] == [TrialState.FAIL] * 3
-    assert {t.user_attrs["failure_reason"] for t in study.trials} == {"no_metric"}
-    assert "not a number" in study.trials[0].user_attrs["failure_detail"]
+    assert {t.user_attrs["failure_reason"] for t in study.trials} == {reason}
+    assert detail in study.trials[0].user_attrs["failure_detail"]
