@@ -33,8 +33,24 @@ from optuna.trial import FrozenTrial, TrialState
 from autoscout_optuna import _keys
 from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._progress import is_predicted_failure, real_value
-from autoscout_optuna._recovery import LOST_RUN_REASONS
+from autoscout_optuna._recovery import LOST_RUN_REASONS, tag_worker
 from autoscout_optuna._space import config_key
+from autoscout_optuna._storage import (
+    claim_waiting_trial,
+    fail_trial,
+    get_fresh_trial,
+    set_system_attr,
+    set_user_attr,
+)
+
+# The failure reasons of confirmation trials never run: one another worker had queued too
+# (retired unrun; the other stands), and a search trial Optuna started for a confirmation call
+# that found the queue emptied by another worker (stopped before the objective).
+DUPLICATE = "duplicate_confirmation"
+QUEUE_EMPTIED = "confirmation_queue_empty"
+# Optuna's RetryFailedTrialCallback marks its retries with this system attr: a retry is a run of
+# its own, not a second queueing of the run it repeats.
+_OPTUNA_RETRY = "failed_trial"
 
 
 @dataclass(frozen=True)
@@ -159,13 +175,27 @@ def confirm_best(
     confirmation trials count, finished, failed or still queued (not those a dead worker left
     or Ctrl-C stopped, ``worker_died`` and ``interrupted``: those runs were never made), so
     calling it again (after an interruption, or from a worker started later) only tops up what
-    is missing and runs what is still queued; workers calling it at the same moment may each
-    queue the missing runs (more runs of the same configs, nothing lost). It runs the queue
-    until no confirmation trial is left in it and starts no search trial; Optuna's queue is
-    first in, first out, so trials queued before the confirmation ones
-    (``study.enqueue_trial``) run first. A confirmation run that fails is recorded with its
-    reason like any trial and not retried: a config that cannot run every time ranks behind
-    those that can.
+    is missing and runs what is still queued. It runs the queue until no confirmation trial is
+    left in it and starts no search trial; Optuna's queue is first in, first out, so trials
+    queued before the confirmation ones (``study.enqueue_trial``) run first. A confirmation run
+    that fails is recorded with its reason like any trial and not retried: a config that cannot
+    run every time ranks behind those that can.
+
+    Workers sharing the study's storage may call it at the same moment: the storage alone
+    decides, with no lock. Each run is named by its config and slot (user attr
+    ``autoscout:confirm_slot``, the first slots the config lacks), so workers that read the
+    same trials queue the same runs; after queueing, each worker retires every still-waiting
+    trial of a (config, slot) that a lower-numbered trial holds (claimed as Optuna pops its
+    queue, then failed unrun with ``failure_reason`` ``duplicate_confirmation``, marked
+    orphaned so the search numbers its decisions without it; neither a confirmation run nor a
+    lost one). Each run is made once and the answer is the one a single worker gives, unless
+    workers start both copies of a run in the instant between queueing and retiring (then both
+    runs are made, and count). A worker whose last queued run another worker took meanwhile fails
+    the search trial Optuna starts instead (``confirmation_queue_empty``, orphaned, no run
+    spent). It returns once the queue holds no confirmation run: a run another worker is still
+    making is not in its answer (``autoscout show`` reads the study again). Workers that read
+    different trials (one still searching) may pick different top configs: each config is
+    confirmed.
 
     Example:
 
@@ -206,24 +236,108 @@ def confirm_best(
     if len(study.directions) != 1:
         raise ValueError("confirm_best needs a single-objective study")
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-    for target, missing in confirmation_targets(
-        study.get_trials(deepcopy=False), maximize=maximize, top=top, repeats=repeats,
-        include_default=include_default,
-    ):
-        for _ in range(missing):
-            study.enqueue_trial(dict(target.params), user_attrs={_keys.CONFIRMS: target.number})
+    _queue_missing_runs(study, maximize=maximize, top=top, repeats=repeats,
+                        include_default=include_default)
     # One trial at a time, the queue read again before each: other workers pop from the same
     # queue, and an optimize call asked for more trials than the queue still holds would start
     # search trials of its own.
     deadline = None if timeout is None else time.monotonic() + timeout
+    queued_only = _queued_trials_only(objective)
     while _queued_confirmation_runs(study) and (deadline is None or time.monotonic() < deadline):
-        study.optimize(objective, n_trials=1, catch=catch, callbacks=callbacks)
+        study.optimize(queued_only, n_trials=1, catch=(*catch, _QueueEmptied),
+                       callbacks=callbacks)
     trials = study.get_trials(deepcopy=False)
     found = read_confirmation(trials, maximize=maximize)
     if found is not None:
         return found
     return Confirmation("maximize" if maximize else "minimize", (), None,
                         _single_best(trials, _configs(trials), maximize))
+
+
+def _queue_missing_runs(
+    study: optuna.Study, *, maximize: bool, top: int, repeats: int, include_default: bool
+) -> None:
+    """Queue each config's missing confirmation runs, then retire what was queued twice.
+
+    Optuna has no compare-and-set for "queue if nobody has": a worker that read the same
+    trials as another one queues the same runs. So each run is named by its config and slot
+    (the first free slot numbers of that config, the same for every worker that read the same
+    trials), and every worker retires, after queueing, each still-waiting trial of a (config,
+    slot) that a lower-numbered trial holds (:func:`_retire_duplicates`).
+    """
+    trials = study.get_trials(deepcopy=False)
+    held = _held_slots(trials)
+    for target, missing in confirmation_targets(
+        trials, maximize=maximize, top=top, repeats=repeats, include_default=include_default,
+    ):
+        for slot in _free_slots(held.get(target.number, []), missing):
+            study.enqueue_trial(dict(target.params), user_attrs={
+                _keys.CONFIRMS: target.number, _keys.CONFIRM_SLOT: slot})
+    _retire_duplicates(study)
+
+
+def _retire_duplicates(study: optuna.Study) -> list[int]:
+    """Fail, unrun, every waiting confirmation trial whose (config, slot) a lower-numbered trial
+    holds; the numbers of those this worker retired.
+
+    Every worker applies the same rule to the same storage, so they agree on which trial stands
+    without talking to each other: the lowest-numbered is never retired (no worker sees a lower
+    one of its slot), and a later one is retired by whoever claims it first. The claim is the
+    compare-and-set Optuna pops its queue with, so a trial another worker has started is never
+    taken from it (then both runs are made: more runs of one config, nothing lost).
+    """
+    held: set[tuple[Any, Any]] = set()
+    retired = []
+    for trial in study.get_trials(deepcopy=False):
+        slot = trial.user_attrs.get(_keys.CONFIRM_SLOT)
+        if slot is None or _never_made(trial) or _OPTUNA_RETRY in trial.system_attrs:
+            continue
+        key = (trial.user_attrs.get(_keys.CONFIRMS), slot)
+        if key not in held:
+            held.add(key)
+        elif trial.state == TrialState.WAITING and claim_waiting_trial(study, trial):
+            _fail_unrun(study, trial, DUPLICATE)
+            retired.append(trial.number)
+    return retired
+
+
+def _fail_unrun(study: optuna.Study, trial: FrozenTrial, reason: str) -> None:
+    """Fail a trial this worker holds RUNNING before any run was spent on it, with ``reason``.
+
+    Tagged with this worker first (should it die here, ``recover_orphaned_trials`` fails it)
+    and marked orphaned, as a dead worker's trial is: the samplers skip it and number their
+    decisions without it, so the search goes on as it would have without it.
+    """
+    tag_worker(study, trial)
+    set_system_attr(study, trial, _keys.ORPHANED, True)
+    set_user_attr(study, trial, _keys.FAILURE_REASON, reason)
+    fail_trial(study, trial)
+
+
+class _QueueEmptied(Exception):
+    """The trial Optuna started is a new search trial: another worker took the last queued one."""
+
+
+def _queued_trials_only(
+    objective: Callable[[optuna.Trial], float]
+) -> Callable[[optuna.Trial], float]:
+    """``objective`` for the trials that were queued; a new search trial fails unrun.
+
+    Between reading the queue and popping it, another worker may pop the last confirmation
+    run, and Optuna then starts a search trial: confirmation starts none of its own, so that
+    trial is failed (reason ``confirmation_queue_empty``) before a run is spent on it, marked
+    orphaned so the search numbers its decisions as if it never was.
+    """
+    def run(trial: optuna.Trial) -> float:
+        system_attrs = get_fresh_trial(trial.study, trial).system_attrs
+        if "fixed_params" not in system_attrs and _OPTUNA_RETRY not in system_attrs:
+            trial.set_user_attr(_keys.FAILURE_REASON, QUEUE_EMPTIED)
+            set_system_attr(trial.study, trial, _keys.ORPHANED, True)
+            raise _QueueEmptied(f"trial {trial.number} is a new search trial: another worker "
+                                "took the last queued confirmation run; stopped unrun")
+        return objective(trial)
+
+    return run
 
 
 def _queued_confirmation_runs(study: optuna.Study) -> bool:
@@ -253,13 +367,43 @@ def confirmation_targets(
     default = next((c for c in configs.values() if c.is_default), None)
     if include_default and default is not None and default.values and default not in ranked:
         ranked.append(default)
-    asked: dict[int, int] = {}
+    held = _held_slots(trials)
+    return [(config, max(0, repeats - _asked(held.get(config.number, []))))
+            for config in ranked]
+
+
+def _held_slots(trials: Sequence[FrozenTrial]) -> dict[int, list[int | None]]:
+    """The slots of each confirmed config's confirmation trials that count (None for one
+    queued before slots were recorded), keyed by the config's number.
+
+    A run whose worker died or that Ctrl-C stopped was never made, nor was a duplicate retired
+    unrun: they hold no slot, and a lost run is asked for again.
+    """
+    held: dict[int, list[int | None]] = {}
     for trial in trials:
         number = trial.user_attrs.get(_keys.CONFIRMS)
-        # a run whose worker died or that Ctrl-C stopped was never made: it is asked for again
-        if number is not None and not _lost(trial):
-            asked[number] = asked.get(number, 0) + 1
-    return [(config, max(0, repeats - asked.get(config.number, 0))) for config in ranked]
+        if number is not None and not _never_made(trial):
+            held.setdefault(number, []).append(trial.user_attrs.get(_keys.CONFIRM_SLOT))
+    return held
+
+
+def _asked(slots: Sequence[int | None]) -> int:
+    """Runs asked for: one per slot held (twice-queued runs of one slot are one run asked for)
+    and one per trial without a slot."""
+    return len({s for s in slots if s is not None}) + sum(s is None for s in slots)
+
+
+def _free_slots(slots: Sequence[int | None], missing: int) -> list[int]:
+    """The ``missing`` lowest slot numbers not held: what every worker that read the same
+    trials names the runs it queues."""
+    taken = set(slots)
+    free: list[int] = []
+    slot = 1
+    while len(free) < missing:
+        if slot not in taken:
+            free.append(slot)
+        slot += 1
+    return free
 
 
 def read_confirmation(
@@ -321,12 +465,14 @@ def _run_made(trial: FrozenTrial) -> bool:
         return real_value(trial) is not None
     if trial.state != TrialState.FAIL:
         return False  # still queued or running
-    return not _lost(trial) and not is_predicted_failure(trial)
+    return not _never_made(trial) and not is_predicted_failure(trial)
 
 
-def _lost(trial: FrozenTrial) -> bool:
-    """A run that was never made: its worker died, or Ctrl-C stopped it."""
-    return trial.user_attrs.get(_keys.FAILURE_REASON) in LOST_RUN_REASONS
+def _never_made(trial: FrozenTrial) -> bool:
+    """A run that was never made: its worker died, Ctrl-C stopped it, or it was queued twice
+    and retired unrun."""
+    reason = trial.user_attrs.get(_keys.FAILURE_REASON)
+    return reason in LOST_RUN_REASONS or reason == DUPLICATE
 
 
 def _search_mean(config: ConfirmedConfig) -> float | None:

@@ -18,6 +18,7 @@ ESTIMATE = "autoscout:estimate"  # the simulator (or ensemble) estimate reported
 SIMULATED = "autoscout:simulated"  # the raw analytic simulator output (ensemble input)
 DEFAULT_CONFIG = "autoscout:default_config"  # True: queued to run the study's default config
 CONFIRMS = "autoscout:confirms"  # number of the trial whose config this queued trial re-runs
+CONFIRM_SLOT = "autoscout:confirm_slot"  # which of its config's confirmation runs it is (1, 2...)
 
 # system attrs
 STRUCTURE = "autoscout:structure"  # {param: value} structure a dense refinement must keep

@@ -53,6 +53,18 @@ def fail_trial(study: optuna.Study, trial: FrozenTrial) -> None:
     study._storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL)
 
 
+def claim_waiting_trial(study: optuna.Study, trial: FrozenTrial) -> bool:
+    """Move a WAITING trial to RUNNING; False where another worker took or finished it first.
+
+    The compare-and-set Optuna pops its queue with (every storage checks the state under its
+    lock, row lock or log order): whoever it returns True to owns the trial.
+    """
+    try:
+        return study._storage.set_trial_state_values(trial._trial_id, state=TrialState.RUNNING)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+
+
 def study_directions(study: optuna.Study) -> Sequence[optuna.study.StudyDirection]:
     return study.directions
 

@@ -309,3 +309,123 @@ def test_nothing_is_confirmed_before_a_confirmation_run_is_made():
     ship = summarize(study).to_record()["ship"]
     assert ship == {"source": "best_run", "trial": 1, "params": {"x": 2.0}}
     assert "confirmed" not in summary_text(study)
+
+
+def _two_workers(tmp_path, *, seed=0):
+    """Two workers' Study objects on one SQLite file (each its own storage connection, as two
+    processes have), after a 20-trial search with the default config queued first."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    study = optuna.create_study(study_name="s", storage=url, direction="maximize",
+                                sampler=AutoScoutSampler(seed=seed))
+    study.enqueue_trial({"layout": "a", "x": 0.5}, user_attrs={DEFAULT_CONFIG: True})
+    study.optimize(_objective, n_trials=20)
+    return [optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(url),
+                              sampler=AutoScoutSampler(seed=seed)) for _ in range(2)]
+
+
+def _one_worker(tmp_path):
+    """What one worker confirms of the same search: the answer two workers must agree on."""
+    (tmp_path / "one").mkdir()
+    study, _ = _two_workers(tmp_path / "one")
+    return confirm_best(study, _objective, top=2, repeats=2), study
+
+
+def _confirmation_runs(study):
+    return [t for t in study.get_trials() if CONFIRMS in t.user_attrs
+            and t.user_attrs.get(FAILURE_REASON) != "duplicate_confirmation"]
+
+
+@pytest.mark.parametrize("b_runs", [True, False], ids=["b-runs-all", "b-only-queues"])
+def test_two_workers_confirming_at_once_queue_each_missing_run_once(tmp_path, monkeypatch, b_runs):
+    import autoscout_optuna._confirm as confirm_module
+
+    expected, single = _one_worker(tmp_path)
+    a, b = _two_workers(tmp_path)
+    decide = confirm_module.confirmation_targets
+    answers = {}
+
+    def a_decides_then_b_goes(trials, **kwargs):
+        # worker A has read what is missing and not queued it yet when worker B confirms
+        targets = decide(trials, **kwargs)
+        monkeypatch.setattr(confirm_module, "confirmation_targets", decide)
+        # B either runs every confirmation run itself, or has only queued them (its timeout
+        # spent) when A queues the same runs
+        answers["b"] = confirm_best(b, _objective, top=2, repeats=2,
+                                    timeout=None if b_runs else 1e-9)
+        return targets
+
+    monkeypatch.setattr(confirm_module, "confirmation_targets", a_decides_then_b_goes)
+    answers["a"] = confirm_best(a, _objective, top=2, repeats=2)
+    if not b_runs:
+        answers["b"] = confirm_best(b, _objective, top=2, repeats=2)
+    # each missing run made once, the same as one worker makes: 2 x 2 runs and the default's 2
+    runs = _confirmation_runs(a)
+    assert len(runs) == 6 and all(t.state == TrialState.COMPLETE for t in runs)
+    assert [t.params for t in runs] == [t.params for t in _confirmation_runs(single)]
+    assert answers["a"] == answers["b"] == expected
+    # the duplicates A queued are retired with a reason, never run, and neither a
+    # confirmation run nor a lost one: asking again adds nothing
+    retired = [t for t in a.get_trials() if t not in runs and CONFIRMS in t.user_attrs]
+    assert len(retired) == 6 and all(t.state == TrialState.FAIL and not t.params
+                                     for t in retired)
+    assert confirm_best(a, _objective, top=2, repeats=2) == expected
+    assert not a.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))
+
+
+def test_a_worker_that_finds_the_queue_emptied_by_another_starts_no_search_run(
+        tmp_path, monkeypatch):
+    import autoscout_optuna._confirm as confirm_module
+
+    a, b = _two_workers(tmp_path)
+    confirm_best(a, _objective, top=1, repeats=1, include_default=False, timeout=1e-9)
+    queued = confirm_module._queued_confirmation_runs
+    calls = {"n": 0}
+
+    def b_takes_the_last_run(study):
+        # A has seen a queued run; B pops and runs it before A's optimize pops the queue
+        found = queued(study)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            taken = b.ask()
+            assert CONFIRMS in taken.user_attrs
+            b.tell(taken, _objective(taken))
+        return found
+
+    monkeypatch.setattr(confirm_module, "_queued_confirmation_runs", b_takes_the_last_run)
+    spent = []
+    found = confirm_best(a, lambda trial: spent.append(trial.number) or _objective(trial),
+                         top=1, repeats=1, include_default=False)
+    assert spent == []  # no real run of a search config
+    started = a.get_trials()[-1]
+    assert started.state == TrialState.FAIL and CONFIRMS not in started.user_attrs
+    assert started.user_attrs[FAILURE_REASON] == "confirmation_queue_empty"
+    assert started.system_attrs["autoscout:orphaned"] is True
+    assert found.best.runs == 1 and len(a.get_trials()) == 22  # 20 searched, 1 run, 1 stopped
+
+
+def test_only_a_waiting_duplicate_is_retired_never_a_run_started_or_a_retry():
+    from autoscout_optuna._confirm import _retire_duplicates
+    from autoscout_optuna._keys import CONFIRM_SLOT
+    from autoscout_optuna._storage import claim_waiting_trial
+
+    study = optuna.create_study(direction="maximize")
+    study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=2)
+    best = study.best_trial
+    slot = {CONFIRMS: best.number, CONFIRM_SLOT: 1}
+    for _ in range(3):  # three workers queued the same run
+        study.enqueue_trial(best.params, user_attrs=slot)
+    # a fourth trial of the slot is Optuna's retry of a run whose worker went silent
+    study.add_trial(create_trial(state=TrialState.WAITING, user_attrs=slot,
+                                 system_attrs={"failed_trial": 2}))
+    # another worker started the third one (popped in a race) before anyone retired it
+    assert claim_waiting_trial(study, study.trials[4])
+    assert _retire_duplicates(study) == [3]
+    states = [t.state for t in study.trials[2:]]
+    assert states == [TrialState.WAITING, TrialState.FAIL, TrialState.RUNNING,
+                      TrialState.WAITING]
+    assert study.trials[3].user_attrs[FAILURE_REASON] == "duplicate_confirmation"
+    assert _retire_duplicates(study) == []  # the rule settles: nothing more to retire
+    targets = confirmation_targets(study.trials, maximize=True, top=1, repeats=2,
+                                   include_default=False)
+    # slot 1 is asked for once, by the first trial, the one started and the retry alike
+    assert [(c.number, missing) for c, missing in targets] == [(best.number, 1)]
