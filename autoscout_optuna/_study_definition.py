@@ -143,12 +143,15 @@ class Knobs:
     """A thin wrapper over a trial's ``suggest_*`` that lets presets pin or default knobs.
 
     Study code calls ``knobs.categorical(...)``, ``knobs.int(...)``, ``knobs.float(...)`` with a
-    ``default``. A knob named in ``fixed`` takes that value without being suggested (e.g. the
-    structure fixed at a good layout); with ``dense_at_defaults=True`` every dense knob takes its
-    default (the structural-only benchmark variant). Everything else is suggested as usual.
+    ``default``, or declares its knobs once in ``space`` and calls ``knobs.suggest(name)``: the
+    same ``space`` is then what ``fixed=`` is checked against (:func:`check_fixed`), so the two
+    cannot drift apart. A knob named in ``fixed`` takes that value without being suggested (e.g.
+    the structure fixed at a good layout); with ``dense_at_defaults=True`` every dense knob takes
+    its default (the structural-only benchmark variant). Everything else is suggested as usual.
 
     Args:
         trial: An ``optuna.Trial`` (or an object with the same suggest methods).
+        space: Each knob's distribution, for :meth:`suggest`.
         fixed: Knob values that are not searched.
         dense_at_defaults: Hold dense knobs at their defaults.
     """
@@ -157,12 +160,26 @@ class Knobs:
         self,
         trial: Any,
         *,
+        space: Mapping[str, optuna.distributions.BaseDistribution] | None = None,
         fixed: Mapping[str, Any] | None = None,
         dense_at_defaults: bool = False,
     ) -> None:
         self.trial = trial
+        self.space = space or {}
         self.fixed = dict(fixed or {})
         self.dense_at_defaults = dense_at_defaults
+
+    def suggest(self, name: str, *, default: Any = None) -> Any:
+        """Knob ``name`` over its distribution in ``space``: the same ``suggest_*`` call that
+        :meth:`categorical`, :meth:`int` or :meth:`float` would make with its arguments."""
+        dist = self.space.get(name)
+        if dist is None:
+            raise KeyError(f"knob {name!r} is not in the space; knobs are {sorted(self.space)}")
+        if isinstance(dist, optuna.distributions.CategoricalDistribution):
+            return self.categorical(name, list(dist.choices), default=default)
+        if name in self.fixed:
+            return self.fixed[name]
+        return self._numeric(name, dist, default)
 
     def categorical(self, name: str, choices: list[Any], *, default: Any = None) -> Any:
         if name in self.fixed:
@@ -176,9 +193,7 @@ class Knobs:
         if name in self.fixed:
             return self.fixed[name]
         dist = optuna.distributions.IntDistribution(low, high, step=step, log=log)
-        if self.dense_at_defaults and default is not None and not is_structural(dist):
-            return default
-        return self.trial.suggest_int(name, low, high, step=step, log=log)
+        return self._numeric(name, dist, default)
 
     def float(
         self, name: str, low: float, high: float, *, step: float | None = None,
@@ -187,6 +202,15 @@ class Knobs:
         if name in self.fixed:
             return self.fixed[name]
         dist = optuna.distributions.FloatDistribution(low, high, step=step, log=log)
+        return self._numeric(name, dist, default)
+
+    def _numeric(
+        self, name: str,
+        dist: optuna.distributions.IntDistribution | optuna.distributions.FloatDistribution,
+        default: Any,
+    ) -> Any:
         if self.dense_at_defaults and default is not None and not is_structural(dist):
             return default
-        return self.trial.suggest_float(name, low, high, step=step, log=log)
+        suggest = (self.trial.suggest_int if isinstance(dist, optuna.distributions.IntDistribution)
+                   else self.trial.suggest_float)
+        return suggest(name, dist.low, dist.high, step=dist.step, log=dist.log)

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import optuna
@@ -86,22 +88,27 @@ GPU_UTIL_DEFAULT = 0.9
 LONG_PREFILL_DEFAULT = 16384  # top of the range: no per-prompt cap, as vLLM without the flag
 
 
+#: The one declaration of the knobs: :func:`suggest_config` suggests each from here.
+_SPACE: Mapping[str, optuna.distributions.BaseDistribution] = MappingProxyType(dict(
+    tp=optuna.distributions.CategoricalDistribution(TP_CHOICES),
+    pp=optuna.distributions.CategoricalDistribution(PP_CHOICES),
+    speculative=optuna.distributions.CategoricalDistribution([False, True]),
+    num_speculative_tokens=optuna.distributions.IntDistribution(1, 6),
+    max_num_seqs=optuna.distributions.IntDistribution(8, 1024, log=True),
+    max_num_batched_tokens=optuna.distributions.IntDistribution(512, 65536, log=True),
+    chunked_prefill=optuna.distributions.CategoricalDistribution([True, False]),
+    long_prefill_threshold=optuna.distributions.IntDistribution(64, 16384, log=True),
+    block_size=optuna.distributions.CategoricalDistribution(BLOCK_CHOICES),
+    gpu_memory_utilization=optuna.distributions.FloatDistribution(0.5, 0.99),
+    cuda_graphs=optuna.distributions.CategoricalDistribution([True, False]),
+    prefix_caching=optuna.distributions.CategoricalDistribution([True, False]),
+))
+
+
 def knob_domains() -> dict[str, optuna.distributions.BaseDistribution]:
     """Every knob :func:`suggest_config` may suggest and its domain (``fixed`` is checked
     against these)."""
-    categorical, integer = (optuna.distributions.CategoricalDistribution,
-                            optuna.distributions.IntDistribution)
-    return dict(
-        tp=categorical(TP_CHOICES), pp=categorical(PP_CHOICES),
-        speculative=categorical([False, True]), num_speculative_tokens=integer(1, 6),
-        max_num_seqs=integer(8, 1024, log=True),
-        max_num_batched_tokens=integer(512, 65536, log=True),
-        chunked_prefill=categorical([True, False]),
-        long_prefill_threshold=integer(64, 16384, log=True),
-        block_size=categorical(BLOCK_CHOICES),
-        gpu_memory_utilization=optuna.distributions.FloatDistribution(0.5, 0.99),
-        cuda_graphs=categorical([True, False]), prefix_caching=categorical([True, False]),
-    )
+    return dict(_SPACE)
 
 
 def _check_workload(base: dict[str, Any]) -> None:
@@ -140,9 +147,9 @@ def suggest_config(
 ) -> dict[str, Any]:
     """Suggest one serving configuration; returns params plus workload and derived values."""
     shape = model_shape(options["model"])
-    knobs = Knobs(trial, fixed=fixed, dense_at_defaults=dense_at_defaults)
-    tp = knobs.categorical("tp", TP_CHOICES)
-    pp = knobs.categorical("pp", PP_CHOICES)
+    knobs = Knobs(trial, space=_SPACE, fixed=fixed, dense_at_defaults=dense_at_defaults)
+    tp = knobs.suggest("tp")
+    pp = knobs.suggest("pp")
     if tp * pp > options["gpus_per_node"]:
         raise Infeasible("invalid_layout", f"tp*pp={tp * pp} > {options['gpus_per_node']} GPUs")
     if shape.heads % tp:
@@ -150,25 +157,23 @@ def suggest_config(
     # vLLM runs speculative decoding only without pipeline parallelism: the knob exists for pp=1.
     speculative, num_speculative_tokens = False, 0
     if pp == 1:
-        speculative = knobs.categorical("speculative", [False, True])
+        speculative = knobs.suggest("speculative")
         if speculative:
-            num_speculative_tokens = knobs.int("num_speculative_tokens", 1, 6, default=3)
-    max_num_seqs = knobs.int("max_num_seqs", 8, 1024, log=True, default=MAX_NUM_SEQS_DEFAULT)
-    max_num_batched_tokens = knobs.int(
-        "max_num_batched_tokens", 512, 65536, log=True, default=MAX_BATCHED_TOKENS_DEFAULT
+            num_speculative_tokens = knobs.suggest("num_speculative_tokens", default=3)
+    max_num_seqs = knobs.suggest("max_num_seqs", default=MAX_NUM_SEQS_DEFAULT)
+    max_num_batched_tokens = knobs.suggest(
+        "max_num_batched_tokens", default=MAX_BATCHED_TOKENS_DEFAULT
     )
-    chunked_prefill = knobs.categorical("chunked_prefill", [True, False])
+    chunked_prefill = knobs.suggest("chunked_prefill")
     long_prefill_threshold = LONG_PREFILL_DEFAULT
     if chunked_prefill:
-        long_prefill_threshold = knobs.int(
-            "long_prefill_threshold", 64, 16384, log=True, default=LONG_PREFILL_DEFAULT
+        long_prefill_threshold = knobs.suggest(
+            "long_prefill_threshold", default=LONG_PREFILL_DEFAULT
         )
-    block_size = knobs.categorical("block_size", BLOCK_CHOICES)
-    gpu_memory_utilization = knobs.float(
-        "gpu_memory_utilization", 0.5, 0.99, default=GPU_UTIL_DEFAULT
-    )
-    cuda_graphs = knobs.categorical("cuda_graphs", [True, False])
-    prefix_caching = knobs.categorical("prefix_caching", [True, False])
+    block_size = knobs.suggest("block_size")
+    gpu_memory_utilization = knobs.suggest("gpu_memory_utilization", default=GPU_UTIL_DEFAULT)
+    cuda_graphs = knobs.suggest("cuda_graphs")
+    prefix_caching = knobs.suggest("prefix_caching")
     return dict(
         options, tp=tp, pp=pp, replicas=options["gpus_per_node"] // (tp * pp),
         max_num_seqs=int(max_num_seqs), max_num_batched_tokens=int(max_num_batched_tokens),

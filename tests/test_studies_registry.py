@@ -1,3 +1,4 @@
+import optuna
 import pytest
 
 from autoscout_optuna import studies
@@ -52,3 +53,58 @@ def test_the_default_config_is_enqueued_as_a_tagged_trial():
     with pytest.raises(ValueError, match="'y' has no default config"):
         without.enqueue_default(study)
     assert len(study.trials) == 1  # nothing queued
+
+
+class _CallLog:
+    """A trial-like object that logs each suggest call and answers its low end / first choice."""
+
+    def __init__(self):
+        self.calls = []
+
+    def suggest_categorical(self, name, choices):
+        self.calls.append(("categorical", name, choices))
+        return choices[0]
+
+    def suggest_int(self, name, low, high, *, step=1, log=False):
+        self.calls.append(("int", name, low, high, step, log))
+        return low
+
+    def suggest_float(self, name, low, high, *, step=None, log=False):
+        self.calls.append(("float", name, low, high, step, log))
+        return low
+
+
+_SPACE = dict(
+    layout=optuna.distributions.CategoricalDistribution([4, 1, 2]),
+    seqs=optuna.distributions.IntDistribution(8, 1024, log=True),
+    share=optuna.distributions.FloatDistribution(0.5, 0.99, step=0.01),
+)
+
+
+def test_knobs_suggest_makes_the_call_the_declared_distribution_names():
+    from autoscout_optuna._study_definition import Knobs
+
+    trial = _CallLog()
+    knobs = Knobs(trial, space=_SPACE)
+    assert [knobs.suggest(name, default=None) for name in _SPACE] == [4, 8, 0.5]
+    assert trial.calls == [("categorical", "layout", [4, 1, 2]),
+                           ("int", "seqs", 8, 1024, 1, True),
+                           ("float", "share", 0.5, 0.99, 0.01, False)]
+
+
+def test_knobs_suggest_pins_fixed_knobs_and_holds_dense_ones_at_their_defaults():
+    from autoscout_optuna._study_definition import Knobs
+
+    trial = _CallLog()
+    knobs = Knobs(trial, space=_SPACE, fixed=dict(layout=2), dense_at_defaults=True)
+    assert knobs.suggest("layout") == 2
+    assert knobs.suggest("seqs", default=256) == 256
+    assert knobs.suggest("share", default=0.9) == 0.9
+    assert trial.calls == []
+
+
+def test_knobs_suggest_names_a_knob_missing_from_the_space():
+    from autoscout_optuna._study_definition import Knobs
+
+    with pytest.raises(KeyError, match=r"knob 'sequs' is not in the space; knobs are \['layout'"):
+        Knobs(_CallLog(), space=_SPACE, fixed=dict(sequs=1)).suggest("sequs")

@@ -71,10 +71,11 @@ def check_seeded_noise(definition):
     return np.log([definition.measure(config, rng) / clean for _ in range(400)])
 
 
-def check_fixed_domains(name, suggest, domains):
-    """Every knob ``suggest`` (a trial -> config function) asks for has the domain in
-    ``domains`` that ``fixed=`` is checked against, and a whole config the space suggested is
-    accepted as ``fixed`` by study ``name``."""
+def check_fixed_domains(name, suggest, domains, **options):
+    """The knobs ``suggest`` (a trial -> config function) asks for over 300 random trials are
+    exactly those of ``domains`` (what ``fixed=`` is checked against), each with its domain
+    there, and a whole config the space suggested is accepted as ``fixed`` by study ``name``
+    with ``options``."""
     from autoscout_optuna import studies
 
     def objective(trial):
@@ -86,5 +87,7 @@ def check_fixed_domains(name, suggest, domains):
     for trial in study.trials:
         for knob, dist in trial.distributions.items():
             assert dist == domains[knob], knob
+    # A domain no trial asks for would let ``fixed=`` pin a knob the study ignores.
+    assert set().union(*(trial.distributions for trial in study.trials)) == set(domains)
     pinned = study.best_trial.params
-    assert studies.load(name, fixed=pinned).options["fixed"] == pinned
+    assert studies.load(name, **options, fixed=pinned).options["fixed"] == pinned

@@ -207,8 +207,10 @@ def test_a_node_the_expert_layout_does_not_fit_still_builds_its_study(gpus_per_n
     assert definition.default_config is None
 
 
-def test_every_knob_the_space_suggests_has_the_domain_fixed_is_checked_against(study_def):
-    check_fixed_domains("llm_serving", study_def.suggest, llm_serving.knob_domains())
+@pytest.mark.parametrize("preset", sorted(llm_serving.PRESETS))
+def test_the_knobs_the_space_suggests_are_those_fixed_is_checked_against(preset):
+    check_fixed_domains("llm_serving", studies.load("llm_serving", preset=preset).suggest,
+                        llm_serving.knob_domains(), preset=preset)
 
 
 def test_stored_structural_optimum_is_what_enumeration_finds():

@@ -194,11 +194,12 @@ def test_a_cluster_the_expert_recipe_does_not_fit_still_builds_its_study():
     assert values
 
 
-def test_every_knob_the_space_suggests_has_the_domain_fixed_is_checked_against():
+@pytest.mark.parametrize("preset", sorted(llm_training.PRESETS))
+def test_the_knobs_the_space_suggests_are_those_fixed_is_checked_against(preset):
+    options = llm_training.PRESETS[preset]
     check_fixed_domains(
-        "llm_training",
-        lambda trial: llm_training.suggest_config(trial, **llm_training.PRESETS["8b-64"]),
-        llm_training.knob_domains("llama3-8b"))
+        "llm_training", lambda trial: llm_training.suggest_config(trial, **options),
+        llm_training.knob_domains(options["model"]), preset=preset)
 
 
 def test_stored_structural_optimum_is_what_enumeration_finds():
