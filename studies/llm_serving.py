@@ -21,6 +21,16 @@ Failures: ``invalid_layout`` (tp*pp over the node, heads not divisible), ``inval
 fits), ``slo_miss``; ``measure`` also rejects hand-written configs with speculative decoding and
 ``pp > 1`` (``invalid_combination``).
 
+Hopeless setups: where the expert config fails, ``definition`` raises a ValueError naming what to
+change when every trial would fail: no tp/pp layout splits the heads within the node, the weights
+alone overflow every layout, no layout starts (``oom``, ``kv_cache_oom``, ``invalid_config`` even
+at the dense knobs that leave the most KV cache: highest ``gpu_memory_utilization`` the start-up
+allows, fewest ``max_num_seqs`` and ``max_num_batched_tokens``; exact, through the reference's
+own start-up), or no layout that starts can meet an SLO even at one request at a time (the
+reference's own decode and prefill times at one sequence: a proven lower bound on its p99 TTFT
+and TPOT; the presets' best sampled configs come 2-5 % above it). An SLO just above those floors
+can still fail every trial (queueing and tails), and is not refused.
+
 Models: see ``_serving_model`` (ours: published serving simulators were checked first; Vidur
 needs profiled kernel tables and simulates request by request, seconds per call; GenZ
 (``genz-llm``) models single prefill/decode steps through pandas operator tables and pulls
@@ -29,6 +39,7 @@ plotting stacks; neither gives p99 TTFT/TPOT goodput at < 0.2 ms per call).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Mapping
@@ -38,6 +49,7 @@ from typing import Any
 import optuna
 
 from autoscout_optuna import _validate
+from autoscout_optuna._enumerate import enumerate_configs
 from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._study_definition import (
     Knobs,
@@ -139,6 +151,77 @@ def _check_any_layout(base: dict[str, Any]) -> None:
             f"{where} cannot run: its weights take {2 * shape.params / most / 1e9:.0f} GB per "
             f"GPU even at tp*pp={most}, over {gpu.memory_gb:.0f} GB x the highest "
             f"gpu_memory_utilization 0.99")
+
+
+def _roomiest(config: dict[str, Any], free: set[str]) -> dict[str, Any]:
+    """``config`` with its ``free`` dense knobs at the values that leave its layout the most KV
+    cache and pass vLLM's argument checks, if any do: the KV cache grows with
+    ``gpu_memory_utilization`` up to the highest one the start-up leaves room at, and shrinks
+    with ``max_num_seqs`` and ``max_num_batched_tokens`` (their activations), which must still
+    satisfy ``max_num_batched_tokens >= max_num_seqs`` and, without chunked prefill,
+    ``>= max_model_len``. No other knob enters :func:`_serving_model.start_up`."""
+    domains, config = knob_domains(), dict(config)
+    if "max_num_seqs" in free:
+        config["max_num_seqs"] = domains["max_num_seqs"].low
+    if "max_num_batched_tokens" in free:
+        dist = domains["max_num_batched_tokens"]
+        needed = max(dist.low, config["max_num_seqs"],
+                     config["max_model_len"] if not config["chunked_prefill"] else 0)
+        config["max_num_batched_tokens"] = min(needed, dist.high)  # above: invalid_config
+    if "gpu_memory_utilization" in free:
+        dist = domains["gpu_memory_utilization"]
+        highest = _serving_model.highest_utilization(config)
+        config["gpu_memory_utilization"] = min(max(highest, dist.low), dist.high)
+    return config
+
+
+def _check_any_runs(base: dict[str, Any], fixed: dict[str, Any], dense_at_defaults: bool) -> None:
+    """Raise a ValueError naming why where every config of the space fails: no layout exists
+    (:func:`_check_any_layout`); none starts (``oom``, ``kv_cache_oom``, ``invalid_config``)
+    even with its dense knobs at :func:`_roomiest`, which is exact (each start-up check is
+    monotone in each dense knob); or every layout that starts has a p99 TTFT or TPOT floor
+    (:func:`_serving_model.latency_floor`, a proven lower bound at any load and dense knob)
+    over its SLO. A setup this passes may still fail every trial (an SLO just above the floors).
+    """
+    _check_any_layout(base)
+    free = set() if dense_at_defaults else {
+        "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"} - set(fixed)
+    suggest = functools.partial(suggest_config, options=base, fixed=fixed,
+                                dense_at_defaults=dense_at_defaults)
+    failures: dict[str, int] = {}
+    floors = []
+    most_kv = 0.0
+    for config in enumerate_configs(suggest, dense_points=1):
+        config = _roomiest(config, free)
+        try:
+            _serving_model.start_up(config)
+        except Infeasible as error:
+            failures[error.reason] = failures.get(error.reason, 0) + 1
+            with contextlib.suppress(Infeasible):
+                most_kv = max(most_kv, _serving_model.kv_tokens(config))
+            continue
+        floors.append(_serving_model.latency_floor(config))
+    where = f"{base['model']} on {base['gpus_per_node']}x {base['gpu']}"
+    unfix = f" or fewer fixed knobs (fixed {sorted(fixed)})" if fixed else ""
+    if not floors and not failures:
+        raise ValueError(f"no tp/pp layout of {where} is valid with the fixed knobs {fixed}")
+    if not floors:
+        counts = ", ".join(f"{n} {reason}" for reason, n in sorted(failures.items()))
+        held = (f"the most KV cache any layout holds is {most_kv:.0f} tokens per replica, and "
+                f"one max_model_len {base['max_model_len']} sequence must fit; lower "
+                f"max_model_len or use" if most_kv > 0 else
+                "weights and activations leave no KV cache at any layout; use")
+        raise ValueError(
+            f"no layout of {where} starts ({counts}, even with the dense knobs that leave the "
+            f"most KV cache): {held} more or larger GPUs{unfix}")
+    ttft_slo, tpot_slo = base["ttft_slo_ms"] / 1e3, base["tpot_slo_ms"] / 1e3
+    if not any(ttft <= ttft_slo and tpot <= tpot_slo for ttft, tpot in floors):
+        ttft_floor, tpot_floor = (min(values) * 1e3 for values in zip(*floors, strict=True))
+        raise ValueError(
+            f"no layout of {where} meets the p99 SLOs (TTFT {base['ttft_slo_ms']:g} ms, TPOT "
+            f"{base['tpot_slo_ms']:g} ms) even with one request at a time: the fastest layouts "
+            f"need TTFT >= {ttft_floor:.3g} ms and TPOT >= {tpot_floor:.3g} ms (not always the "
+            f"same layout); raise ttft_slo_ms / tpot_slo_ms or use faster GPUs")
 
 
 def suggest_config(
@@ -256,8 +339,9 @@ def definition(
     _check_workload(base)
     _validate.booleans(dense_at_defaults=dense_at_defaults)
     fixed = check_fixed(fixed, knob_domains())
-    default_config = expert_default(lambda: expert_config(base), measure,
-                                    lambda: _check_any_layout(base))
+    default_config = expert_default(
+        lambda: expert_config(base), measure,
+        lambda: _check_any_runs(base, fixed, bool(dense_at_defaults)))
     options = dict(base, dense_at_defaults=bool(dense_at_defaults))
     if fixed:
         options["fixed"] = dict(fixed)

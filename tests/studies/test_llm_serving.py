@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import itertools
+import math
 import pickle
 
+import numpy as np
 import optuna
 import pytest
 from _sampling import (
@@ -14,10 +19,13 @@ from _sampling import (
     simulator_agreement,
     suggest_fixed,
 )  # tests/studies/
+from autoscout_optuna.studies import _serving_model
+from autoscout_optuna.studies._hardware import GPUS
+from autoscout_optuna.studies._models import MODELS
 from autoscout_optuna.studies._optima import stored_config
 
 from autoscout_optuna import studies
-from autoscout_optuna._enumerate import find_optimum
+from autoscout_optuna._enumerate import enumerate_configs, find_optimum
 from autoscout_optuna._failure import Infeasible
 
 llm_serving = pytest.importorskip("autoscout_optuna.studies.llm_serving")
@@ -251,3 +259,199 @@ def test_goodput_climbs_smoothly_to_the_stored_optimum_along_max_num_seqs():
     assert max(steps) < 0.005
     assert values[-1] == pytest.approx(definition.optimum, rel=1e-12)
     assert values[0] < 0.99 * values[-1]  # the sweep climbs: the steps above are not all flat
+
+
+# Setups where every trial fails: refused by definition (llm_serving._check_any_runs).
+
+MEMORY_KNOBS = ("tp", "pp", "cuda_graphs", "chunked_prefill", "block_size")  # all start_up reads
+DENSE_MEMORY = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization")
+
+
+def _base(preset="70b-h100", **overrides):
+    base = dict(llm_serving.PRESETS[preset], **llm_serving.WORKLOAD)
+    base.update(overrides)
+    return base
+
+
+def _layouts(base, dense_at_defaults=False):
+    """One config per combination of the knobs the start-up reads (dense knobs mid-range)."""
+    suggest = functools.partial(llm_serving.suggest_config, options=base, fixed={},
+                                dense_at_defaults=dense_at_defaults)
+    layouts = {}
+    for config in enumerate_configs(suggest, dense_points=1):
+        layouts.setdefault(tuple(config[k] for k in MEMORY_KNOBS), config)
+    return list(layouts.values())
+
+
+def _brute_force_starts(base, dense_at_defaults=False):
+    """Whether any config of a grid over the space passes the reference's start-up."""
+    batched = (512, 8192, 65536, min(max(base["max_model_len"], 512), 65536))
+    grid = [{}] if dense_at_defaults else [
+        dict(gpu_memory_utilization=float(u), max_num_seqs=seqs, max_num_batched_tokens=tokens)
+        for u, seqs, tokens in itertools.product(np.linspace(0.5, 0.99, 25), (8, 256, 1024),
+                                                 batched)]
+    for config in _layouts(base, dense_at_defaults):
+        for dense in grid:
+            try:
+                _serving_model.start_up(dict(config, **dense))
+            except Infeasible:
+                continue
+            return True
+    return False
+
+
+def _check(base, dense_at_defaults=False):
+    """The check's verdict: 'ok', 'starts' (no layout starts) or 'slo' (no SLO met)."""
+    try:
+        llm_serving._check_any_runs(base, {}, dense_at_defaults)
+    except ValueError as error:
+        return "slo" if "meets the p99 SLOs" in str(error) else "starts"
+    return "ok"
+
+
+HOPELESS = [
+    # 70B on two H100s holds at most 49,833 KV tokens per replica (tp=2, utilization 0.985)
+    (dict(gpus_per_node=2, max_model_len=65536), "holds is 49833 tokens.*max_model_len 65536 "
+     "sequence must fit; lower max_model_len or use more or larger GPUs"),
+    (dict(preset="8b-a100", ttft_slo_ms=20.0), "TTFT 20 ms.*TTFT >= 57.1 ms.*raise ttft_slo_ms"),
+    (dict(preset="8b-a100", tpot_slo_ms=1.0), "TPOT 1 ms.*TPOT >= 1.64 ms"),
+    # at the default dense knobs (utilization 0.9, 8192 batched tokens) 70B leaves 2 H100s no KV
+    (dict(gpus_per_node=2, max_model_len=32768, dense_at_defaults=True), "max_model_len 32768"),
+    (dict(gpus_per_node=2, fixed={"gpu_memory_utilization": 0.6}),
+     "no KV cache at any layout; use more or larger GPUs or fewer fixed knobs"),
+    (dict(gpus_per_node=2, fixed={"tp": 8}), "no tp/pp layout of llama3-70b on 2x H100 is valid "
+     r"with the fixed knobs \{'tp': 8\}"),
+]
+
+
+@pytest.mark.parametrize("options, message", HOPELESS)
+def test_a_setup_whose_every_trial_fails_is_refused_naming_what_to_change(options, message):
+    with pytest.raises(ValueError, match=message):
+        studies.load("llm_serving", **options)
+
+
+@pytest.mark.parametrize("options", [options for options, _ in HOPELESS])
+def test_no_config_of_a_refused_setup_runs(options):
+    options = dict(options)
+    dense_at_defaults = options.pop("dense_at_defaults", False)
+    fixed = options.pop("fixed", {})
+    base = _base(**options)
+    suggest = functools.partial(llm_serving.suggest_config, options=base, fixed=fixed,
+                                dense_at_defaults=dense_at_defaults)
+    configs = list(enumerate_configs(suggest, dense_points=1))  # every structure
+    if not dense_at_defaults:
+        free = set(DENSE_MEMORY) - set(fixed)
+        configs += [llm_serving._roomiest(config, free) for config in configs]
+        sampler = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+        for _ in range(300):
+            with contextlib.suppress(Infeasible):
+                configs.append(suggest(sampler.ask()))
+    assert len(configs) > 300 or not configs and fixed == {"tp": 8}  # tp=8 on 2 GPUs: none
+    for config in configs:
+        with pytest.raises(Infeasible):
+            llm_serving.measure(config)
+
+
+# (preset, overrides): presets, 70B on A40 (a hand formula once called it hopeless), both sides
+# of the KV limit of small nodes, and setups that only the dense knobs' extremes can start.
+SPREAD = [(preset, {}) for preset in sorted(llm_serving.PRESETS)] + [
+    ("70b-h100", dict(gpu="A40")), ("70b-h100", dict(gpu="A40", max_model_len=131072)),
+    ("70b-h100", dict(gpu="A40", gpus_per_node=4)),
+    ("70b-h100", dict(gpus_per_node=2, max_model_len=32768)),
+    ("70b-h100", dict(gpus_per_node=2, max_model_len=65536)),
+    ("8b-a100", dict(gpu="A40", gpus_per_node=1, max_model_len=131072)),
+    ("8b-a100", dict(gpu="A40", gpus_per_node=1, max_model_len=262144)),
+    ("14b-a40", dict(model="qwen2.5-32b", gpus_per_node=2)),
+    ("14b-a40", dict(model="qwen2.5-32b", gpus_per_node=2, max_model_len=32768)),
+    ("8b-a100", dict(model="mistral-7b", gpu="H200", gpus_per_node=1, max_model_len=10**6)),
+]
+
+
+@pytest.mark.parametrize("dense_at_defaults", [False, True])
+@pytest.mark.parametrize("preset, overrides", SPREAD)
+def test_which_setups_start_agrees_with_brute_force(preset, overrides, dense_at_defaults):
+    base = _base(preset, **overrides)
+    starts = _brute_force_starts(base, dense_at_defaults)
+    assert (_check(base, dense_at_defaults) != "starts") == starts
+    if preset == "70b-h100" and overrides == dict(gpu="A40"):
+        assert starts  # the setup the hand formula misjudged
+
+
+@pytest.mark.parametrize("preset", sorted(llm_serving.PRESETS))
+@pytest.mark.parametrize("dense_at_defaults", [False, True])
+def test_no_preset_is_refused(preset, dense_at_defaults):
+    assert _check(_base(preset), dense_at_defaults) == "ok"
+
+
+@pytest.mark.parametrize("preset", sorted(llm_serving.PRESETS))
+def test_roomiest_dense_knobs_start_whenever_any_do_and_hold_the_most_kv(preset):
+    definition = studies.load("llm_serving", preset=preset, max_model_len=32768)
+    started = 0
+    for _, config in random_configs(definition, 400, seed=3):
+        roomiest = llm_serving._roomiest(config, set(DENSE_MEMORY))
+        for name, dist in llm_serving.knob_domains().items():
+            if name in DENSE_MEMORY:
+                assert dist._contains(dist.to_internal_repr(roomiest[name]))
+        try:
+            _serving_model.start_up(config)
+        except Infeasible:
+            continue
+        started += 1
+        _serving_model.start_up(roomiest)  # raises if the roomiest point failed
+        assert _serving_model.kv_tokens(roomiest) >= _serving_model.kv_tokens(config)
+    assert started > 20
+
+
+@pytest.mark.parametrize("preset", sorted(llm_serving.PRESETS))
+def test_highest_utilization_is_exact_to_the_float(preset):
+    for config in _layouts(_base(preset)):
+        highest = _serving_model.highest_utilization(config)
+        try:
+            _serving_model.kv_tokens(dict(config, gpu_memory_utilization=highest))
+        except Infeasible as error:  # e.g. 70B weights on one GPU: not for want of room
+            assert "no room left" not in str(error)
+        above = math.nextafter(highest, math.inf)
+        with pytest.raises(Infeasible, match="no room left"):
+            _serving_model.kv_tokens(dict(config, gpu_memory_utilization=above))
+
+
+@pytest.mark.parametrize("preset", sorted(llm_serving.PRESETS))
+def test_latency_floors_bound_the_p99_latencies_and_nearly_reach_them(preset):
+    """Just under its floor an SLO fails every load level of every config; some config meets an
+    SLO 10 % over its floor (the floors are not vacuous)."""
+    definition = studies.load("llm_serving", preset=preset)
+    near = dict(ttft_slo_ms=0, tpot_slo_ms=0)
+    for _, config in random_configs(definition, 250, seed=4):
+        try:
+            _serving_model.start_up(config)
+        except Infeasible:
+            continue
+        floors = dict(zip(("ttft_slo_ms", "tpot_slo_ms"),
+                          (floor * 1e3 for floor in _serving_model.latency_floor(config)),
+                          strict=True))
+        for slo, other in (("ttft_slo_ms", "tpot_slo_ms"), ("tpot_slo_ms", "ttft_slo_ms")):
+            with pytest.raises(Infeasible, match="slo_miss"):
+                llm_serving.measure(dict(config, **{slo: floors[slo] * (1 - 1e-9),
+                                                    other: math.inf}))
+            with contextlib.suppress(Infeasible):
+                llm_serving.measure(dict(config, **{slo: floors[slo] * 1.1, other: math.inf}))
+                near[slo] += 1
+    assert min(near.values()) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_which_setups_start_agrees_with_brute_force_over_models_and_nodes(gpu):
+    """Every model on 1, 2 and 8 GPUs of each kind at four max_model_len (~1 min per GPU)."""
+    refused = accepted = 0
+    for model, gpus_per_node, max_model_len in itertools.product(
+            sorted(MODELS), (1, 2, 8), (2048, 32768, 131072, 524288)):
+        base = _base(model=model, gpu=gpu, gpus_per_node=gpus_per_node,
+                     max_model_len=max_model_len)
+        try:
+            starts = _check(base) != "starts"
+        except ValueError:  # no layout at all (_check_any_layout): nothing to compare
+            continue
+        assert starts == _brute_force_starts(base), (model, gpus_per_node, max_model_len)
+        refused, accepted = refused + (not starts), accepted + starts
+    assert refused and accepted
