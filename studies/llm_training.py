@@ -253,8 +253,9 @@ def _resolve(preset: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
 def _check_any_runs(base: dict[str, Any], suggest: Any) -> None:
     """Raise a ValueError naming why where no config of the space can run on this cluster."""
     # Dense knobs at their defaults are exact for that: recompute_layers defaults to every
-    # layer (the least memory), overlap_grad_reduce off has no buckets, comm_sms changes no
-    # memory.
+    # layer (the least memory), comm_sms changes no memory, and overlap_grad_reduce off has no
+    # buckets; where overlap is fixed on, ``suggest`` pins bucket_size_mb at the smallest
+    # bucket the space offers (definition).
     failures: dict[str, int] = {}
     for config in enumerate_configs(
         functools.partial(suggest, dense_at_defaults=True), dense_points=1
@@ -308,9 +309,14 @@ def definition(
     suggest = functools.partial(
         suggest_config, **base, fixed=dict(fixed or {}), dense_at_defaults=bool(dense_at_defaults)
     )
+    # The smallest gradient buckets take the least memory: a setup that runs only with buckets
+    # under the 160 MB default (overlap fixed on) was refused as hopeless.
+    roomiest = {} if dense_at_defaults else {
+        "bucket_size_mb": knob_domains(base["model"])["bucket_size_mb"].low}
     default_config = expert_default(
         lambda: expert_config(**base), measure,
-        lambda: _check_any_runs(base, functools.partial(suggest_config, **base, fixed=fixed)))
+        lambda: _check_any_runs(
+            base, functools.partial(suggest_config, **base, fixed=dict(roomiest, **fixed))))
     return StudyDefinition(
         name=NAME,
         direction="maximize",

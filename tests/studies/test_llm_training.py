@@ -185,6 +185,26 @@ def test_bad_or_hopeless_options_are_refused_before_anything_runs(options, messa
         studies.load("llm_training", **options)
 
 
+# 8B on 8 H100 with tp=pp=1 and overlapped gradient reduction fixed: at this seq_len only
+# gradient buckets under the 160 MB default leave room (every layout at 160 MB runs out).
+BUCKET_EDGE = dict(num_gpus=8, seq_len=52600, fixed={"overlap_grad_reduce": True, "tp": 1, "pp": 1})
+
+
+def test_a_setup_that_runs_only_with_small_buckets_is_not_refused():
+    definition = studies.load("llm_training", **BUCKET_EDGE)
+    config, _ = suggest_fixed(definition, dict(
+        micro_batch=1, recompute="full", recompute_layers=32, zero_stage=3, bucket_size_mb=4.0,
+        comm_sms=16, cuda_graphs=False))
+    assert definition.measure(config, None) > 0
+    with pytest.raises(Infeasible, match="oom"):
+        definition.measure(dict(config, bucket_size_mb=llm_training.BUCKET_MB_DEFAULT), None)
+
+
+def test_a_setup_that_runs_only_off_the_dense_defaults_is_refused_at_them():
+    with pytest.raises(ValueError, match="can run"):
+        studies.load("llm_training", dense_at_defaults=True, **BUCKET_EDGE)
+
+
 def test_a_cluster_the_expert_recipe_does_not_fit_still_builds_its_study():
     # The recipe's TP8 x PP4 does not divide 16 GPUs (this raised Infeasible from definition,
     # a traceback in the CLI), but other layouts run: the study builds, without a default.
