@@ -25,7 +25,7 @@ from typing import Any
 
 from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._keys import MEMORY_USE
-from autoscout_optuna._study_definition import Knobs, StudyDefinition
+from autoscout_optuna._study_definition import Knobs, StudyDefinition, check_fixed
 
 NAME = "gpt_training"
 VOCAB = 256
@@ -102,18 +102,45 @@ def _supported_attention(device: str) -> list[str]:
     return supported
 
 
-def suggest_config(trial: Any, *, info: Mapping[str, Any], size: Mapping[str, int],
-                   time_budget: float, fixed: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The define-by-run space for ``info``'s device; returns params plus derived values."""
+def knob_domains(info: Mapping[str, Any], size: Mapping[str, int]) -> dict[str, Any]:
+    """Every knob :func:`suggest_config` may suggest on ``info``'s device for a model of
+    ``size``, and its domain: what ``fixed=`` is checked against, and what it suggests from."""
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
     kind = info["kind"]
-    knobs = Knobs(trial, fixed=fixed)
     low, high = BATCH_LOG2[kind]
     # a total batch below one sequence leaves no device batch to run (grad_accum 0), which the
     # trainer refuses: the GPU model size on a CPU (seq 2048) starts the CPU range at 2^11
     low = min(max(low, math.ceil(math.log2(size["seq_len"]))), high)
-    total_log2 = knobs.int("total_batch_log2", low, high, default=DEFAULT_BATCH_LOG2[kind])
-    device_batch = knobs.categorical("device_batch", DEVICE_BATCHES[kind],
-                                     default=DEFAULT_DEVICE_BATCH[kind])
+    space: dict[str, Any] = dict(
+        total_batch_log2=IntDistribution(low, high),
+        device_batch=CategoricalDistribution(DEVICE_BATCHES[kind]),
+        dtype=CategoricalDistribution(list(info["dtypes"])),
+    )
+    if kind == "gpu":
+        space["compile"] = CategoricalDistribution(["off", "default", "max-autotune-no-cudagraphs"])
+        space["optimizer"] = CategoricalDistribution(["foreach", "fused", "compiled"])
+        if info.get("tf32"):
+            space["tf32"] = CategoricalDistribution([False, True])
+    else:  # compiling costs more than a CPU trial's whole budget
+        space["optimizer"] = CategoricalDistribution(["foreach", "fused"])
+    space["attention"] = CategoricalDistribution(list(info["attention"]))
+    space["lr_mult"] = FloatDistribution(0.25, 4.0, log=True)
+    space["warmup_frac"] = FloatDistribution(0.0, 0.3)
+    return space
+
+
+def suggest_config(trial: Any, *, info: Mapping[str, Any], size: Mapping[str, int],
+                   time_budget: float, fixed: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The define-by-run space for ``info``'s device; returns params plus derived values."""
+    kind = info["kind"]
+    knobs = Knobs(trial, space=knob_domains(info, size), fixed=fixed)
+    total_log2 = knobs.suggest("total_batch_log2", default=DEFAULT_BATCH_LOG2[kind])
+    device_batch = knobs.suggest("device_batch", default=DEFAULT_DEVICE_BATCH[kind])
     total_batch = 2**total_log2
     # device_batch sequences must divide the total batch; both are powers of two, so the
     # largest valid value is total / seq_len: clamp there (the run records what it used)
@@ -122,23 +149,19 @@ def suggest_config(trial: Any, *, info: Mapping[str, Any], size: Mapping[str, in
                   total_batch=total_batch, device_batch=device_batch,
                   device_batch_effective=effective,
                   grad_accum=total_batch // (effective * size["seq_len"]))
-    config["dtype"] = knobs.categorical("dtype", list(info["dtypes"]), default=info["dtypes"][0])
+    config["dtype"] = knobs.suggest("dtype", default=info["dtypes"][0])
     config["tf32"] = False
     if kind == "gpu":
-        config["compile"] = knobs.categorical(
-            "compile", ["off", "default", "max-autotune-no-cudagraphs"], default="off")
-        config["optimizer"] = knobs.categorical(
-            "optimizer", ["foreach", "fused", "compiled"], default="fused")
+        config["compile"] = knobs.suggest("compile", default="off")
+        config["optimizer"] = knobs.suggest("optimizer", default="fused")
         if config["dtype"] == "fp32" and info.get("tf32"):
-            config["tf32"] = knobs.categorical("tf32", [False, True], default=True)
-    else:  # compiling costs more than a CPU trial's whole budget
+            config["tf32"] = knobs.suggest("tf32", default=True)
+    else:
         config["compile"] = "off"
-        config["optimizer"] = knobs.categorical("optimizer", ["foreach", "fused"],
-                                                default="foreach")
-    config["attention"] = knobs.categorical("attention", list(info["attention"]),
-                                            default=info["attention"][0])
-    config["lr_mult"] = knobs.float("lr_mult", 0.25, 4.0, log=True, default=1.0)
-    config["warmup_frac"] = knobs.float("warmup_frac", 0.0, 0.3, default=0.05)
+        config["optimizer"] = knobs.suggest("optimizer", default="foreach")
+    config["attention"] = knobs.suggest("attention", default=info["attention"][0])
+    config["lr_mult"] = knobs.suggest("lr_mult", default=1.0)
+    config["warmup_frac"] = knobs.suggest("warmup_frac", default=0.05)
     return config
 
 
@@ -267,6 +290,9 @@ def definition(*, device: str = "auto", time_budget: float | None = None,
     if size is not None and size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     model = SIZES[size or kind]
+    # a typo (dtpye=...) was ignored and the knob searched; a value off its domain, or a knob
+    # this device does not search (compile on a CPU), ran something else than was asked
+    fixed_copy = check_fixed(fixed, knob_domains(info, model))
     budget = float(time_budget if time_budget is not None else DEFAULT_BUDGET_S[kind])
     if budget <= 0:
         raise ValueError(f"time_budget must be > 0, got {time_budget}")
@@ -275,7 +301,6 @@ def definition(*, device: str = "auto", time_budget: float | None = None,
         raise ValueError(f"timeout must be more than time_budget ({budget:g} s), got {timeout}")
     run_timeout = timeout if timeout is not None else (
         3 * budget + 90 if kind == "cpu" else budget + 600)
-    fixed_copy = dict(fixed or {})
     peaks: dict[str, float] = {}
 
     def peak(dtype: str) -> float:  # measured once per process on CPU and unknown GPUs
@@ -350,5 +375,6 @@ def definition(*, device: str = "auto", time_budget: float | None = None,
         description=f"small GPT on {info['name']}: val bits/byte after {budget:g} s of training",
         options={"device": info["device"], "device_name": info["name"], "time_budget": budget,
                  "size": size or kind, "data": data, "timeout": run_timeout,
-                 "n_trials": n_trials or (12 if kind == "cpu" else 20)},
+                 "n_trials": n_trials or (12 if kind == "cpu" else 20),
+                 **({"fixed": dict(fixed_copy)} if fixed_copy else {})},
     )

@@ -225,3 +225,26 @@ def test_gpu_session_script_rehearses_two_workers_on_cpu(tmp_path):
     # the derived batch split of every real run is in the table, not just the params
     assert all(r["grad_accum"] and r["device_batch_effective"]
                for r in table if r["state"] == "COMPLETE")
+
+
+@pytest.mark.parametrize(("fixed", "message"), [
+    ({"dtpye": "fp32"}, "unknown knob(s) ['dtpye']"),
+    # compile is not searched on a CPU: pinning it there asked for something the run never does
+    ({"compile": "default"}, "unknown knob(s) ['compile']"),
+    ({"lr_mult": 100.0}, "lr_mult must be in [0.25, 4.0]"),
+    ({"device_batch": 3}, "device_batch must be one of [1, 2, 4, 8, 16]"),
+    ({"dtype": "fp8"}, "dtype must be one of"),
+])
+def test_fixed_knobs_are_checked_against_the_device_space(tmp_path, fixed, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        studies.load("gpt_training", device="cpu", log_dir=str(tmp_path), fixed=fixed)
+
+
+def test_the_space_asks_for_exactly_its_knob_domains_on_a_cpu(tmp_path):
+    from _sampling import check_fixed_domains
+    from autoscout_optuna.studies.gpt_training import SIZES, knob_domains, probe_device
+
+    definition = studies.load("gpt_training", device="cpu", log_dir=str(tmp_path))
+    check_fixed_domains("gpt_training", definition.suggest,
+                        knob_domains(probe_device("cpu"), SIZES["cpu"]),
+                        device="cpu", log_dir=str(tmp_path))
