@@ -284,6 +284,7 @@ def definition(*, device: str = "auto", time_budget: float | None = None,
     """
     from autoscout_optuna.runners import CommandRunner
     from autoscout_optuna.runners._mfu import default_cpu_threads, device_peak
+    from autoscout_optuna.runners._process import resolve_lock_name
 
     info = probe_device(device)
     kind = info["kind"]
@@ -335,6 +336,8 @@ def definition(*, device: str = "auto", time_budget: float | None = None,
         trainer_command(data=data), metrics=METRICS, timeout=run_timeout, log_dir=log_dir,
         expected_throughput=expected_tokens_per_s, too_slow_fraction=too_slow_fraction,
         warmup_readings=1 if kind == "cpu" else 2,
+        # the GPU this study trains on (cuda:1 is the second visible one), none on a CPU
+        lock=resolve_lock_name(info["device"]),
     )
 
     def measure(config: Mapping[str, Any], rng: Any = None) -> float:

@@ -19,15 +19,33 @@ NAN_PATTERN = r"\bloss\b\W*(?:is\s+)?[-+]?(?:nan|inf)\b"
 THROUGHPUT_PATTERN = r"tok/s\W*([0-9]+\.?[0-9]*(?:[eE][-+]?\d+)?)"
 
 
-def resolve_lock_name() -> str | None:
-    """GPU this process may use: first of CUDA_VISIBLE_DEVICES, else GPU 0 if one exists."""
+def resolve_lock_name(device: str | None = None) -> str | None:
+    """The lock name of the GPU a job on ``device`` uses; None for a CPU job.
+
+    Args:
+        device: A torch device: ``"cuda:i"`` is the i-th visible GPU, ``"cuda"`` the first,
+            ``"cpu"`` none. None: the first of CUDA_VISIBLE_DEVICES, else GPU 0 if one exists.
+
+    Raises:
+        ValueError: ``device`` names a GPU that CUDA_VISIBLE_DEVICES does not make visible.
+    """
+    if device is not None and not device.startswith("cuda"):
+        return None
+    index = int(device.partition(":")[2] or 0) if device is not None else 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        # an old-style MIG id ("MIG-GPU-<uuid>/1/0") holds slashes, which a lock file's name
-        # cannot: each becomes "_" (the name stays one per device)
-        first = visible.split(",")[0].strip().replace("/", "_")
-        return first or None
-    return "0" if Path("/dev/nvidia0").exists() else None
+    if visible is None:
+        if device is None and not Path("/dev/nvidia0").exists():
+            return None
+        return str(index)
+    ids = [part.strip() for part in visible.split(",")]
+    if device is None and not ids[0]:
+        return None  # CUDA_VISIBLE_DEVICES="" hides every GPU
+    if index >= len(ids) or not ids[index]:
+        raise ValueError(f"device {device!r} is not among the GPUs CUDA_VISIBLE_DEVICES="
+                         f"{visible!r} makes visible")
+    # an old-style MIG id ("MIG-GPU-<uuid>/1/0") holds slashes, which a lock file's name
+    # cannot: each becomes "_" (the name stays one per device)
+    return ids[index].replace("/", "_")
 
 
 def pump_lines(stream: Any, lines: queue.Queue[str | None]) -> None:

@@ -117,3 +117,13 @@ def test_the_lock_of_the_visible_device_has_a_file_name_safe_name(tmp_path, monk
     assert resolve_lock_name() == name
     with GpuLock(name, lock_dir=tmp_path):  # an old-style MIG id made GpuLock refuse it
         assert (tmp_path / f"gpu-{name}.lock").exists()
+
+
+def test_no_visible_gpu_means_no_lock_and_an_invisible_device_is_refused(monkeypatch):
+    from autoscout_optuna.runners._process import resolve_lock_name
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert resolve_lock_name() is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    with pytest.raises(ValueError, match="'cuda:2' is not among the GPUs"):
+        resolve_lock_name("cuda:2")

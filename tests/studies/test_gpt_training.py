@@ -248,3 +248,36 @@ def test_the_space_asks_for_exactly_its_knob_domains_on_a_cpu(tmp_path):
     check_fixed_domains("gpt_training", definition.suggest,
                         knob_domains(probe_device("cpu"), SIZES["cpu"]),
                         device="cpu", log_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("device, visible, lock", [
+    ("cuda:1", None, "1"),
+    ("cuda:1", "4,5", "5"),
+    ("cuda", "4,5", "4"),
+    ("cpu", "0", None),
+])
+def test_the_runner_locks_the_gpu_the_study_trains_on(monkeypatch, device, visible, lock):
+    # the runner locked the first visible GPU whatever the study's device: a worker with
+    # device=cuda:1 and one pinned to GPU 1 both trained on GPU 1 under different locks, two
+    # workers with cuda:0 and cuda:1 queued for one lock, and a CPU study waited for GPU 0
+    from autoscout_optuna.studies import gpt_training
+
+    from autoscout_optuna import runners
+
+    made = {}
+
+    class Recorder:
+        def __init__(self, command, **kwargs):
+            made.update(kwargs)
+
+    info = {"kind": "gpu" if device.startswith("cuda") else "cpu", "device": device,
+            "name": "GPU", "memory_bytes": 16 * 2**30, "dtypes": ["bf16"],
+            "attention": ["flash"], "tf32": True}
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(gpt_training, "probe_device", lambda device: info)
+    monkeypatch.setattr(runners, "CommandRunner", Recorder)
+    gpt_training.definition(device=device)
+    assert made["lock"] == lock
