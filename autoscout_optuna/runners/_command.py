@@ -28,6 +28,7 @@ from autoscout_optuna.runners._process import (
     OOM_PATTERN,
     THROUGHPUT_PATTERN,
     kill_group,
+    progress_reading,
     pump_lines,
     resolve_lock_name,
 )
@@ -58,7 +59,9 @@ class CommandRunner:
         log_dir: Per-trial logs go to ``log_dir/<study>/trial-<number>.log``; None keeps none.
         artifact_store: An ``optuna.artifacts`` store: each log is also uploaded to the trial.
         expected_throughput: ``config -> tokens/s`` (e.g. the simulator's estimate), or None.
-        throughput_pattern: Regex with one group for the progress rate (``tok/s 12345``).
+        throughput_pattern: Regex with one group for the progress rate (``tok/s 12345``,
+            autoresearch's ``tok/sec: 12,345``; thousands separators are dropped, a reading
+            that is no number is ignored).
         throughput_attr: User attr that holds a trial's throughput, read from the incumbent.
         too_slow_fraction: Abort when the mean rate after warm-up is below this fraction of
             the expected or the incumbent's throughput (reason ``too_slow``).
@@ -245,8 +248,9 @@ class CommandRunner:
                     abort = ("nan", line.strip()[:300])
                     break
                 rate = self.throughput.search(line)
-                if rate:
-                    rates.append(float(rate.group(1)))
+                reading = progress_reading(rate.group(1)) if rate else None
+                if reading is not None:
+                    rates.append(reading)
                     abort = self._too_slow(rates, reference)
                     if abort:
                         break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import signal
@@ -16,7 +17,18 @@ AUTORESEARCH_METRICS = {"val_bpb": rf"^val_bpb:\s*{_NUMBER}"}
 OOM_PATTERN = (r"CUDA out of memory|OutOfMemoryError|HIP out of memory|\bMemoryError\b|"
                r"std::bad_alloc|Cannot allocate memory")
 NAN_PATTERN = r"\bloss\b\W*(?:is\s+)?[-+]?(?:nan|inf)\b"
-THROUGHPUT_PATTERN = r"tok/s\W*([0-9]+\.?[0-9]*(?:[eE][-+]?\d+)?)"
+# "tok/s 12345" (runners.gpt), "tok/sec: 12,345" (autoresearch's progress line): the digits may
+# carry thousands separators, which ``progress_reading`` drops
+THROUGHPUT_PATTERN = r"tok(?:ens)?/s(?:ec)?\W*([0-9][0-9,]*\.?[0-9]*(?:[eE][-+]?\d+)?)"
+
+
+def progress_reading(text: str) -> float | None:
+    """A throughput reading as a number (``"12,345"`` is 12345); None when it is none."""
+    try:
+        value = float(text.replace(",", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def resolve_lock_name(device: str | None = None) -> str | None:

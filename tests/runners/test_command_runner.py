@@ -90,6 +90,24 @@ def test_each_failure_class_is_recorded_and_the_study_goes_on(tmp_path, reason, 
     assert "run:log" in trial.user_attrs
 
 
+def test_autoresearch_progress_lines_arm_the_too_slow_guard(tmp_path):
+    # autoresearch rewrites one line with \r and prints "tok/sec: 12,345": the guard read
+    # only "tok/s 12345", so such a run at a fraction of its expected speed went unjudged
+    body = ("import time\nfor r in ('9,000', '40', '30', '20'):\n"
+            "    print(f'\\rstep 00001 (1.0%) | loss: 3.000000 | tok/sec: {r} | epoch: 1',"
+            " end='', flush=True)\n")
+    trial = run_in_study(script_runner(tmp_path, body,
+                                       expected_throughput=lambda config: 5000.0))
+    assert trial.user_attrs[FAILURE_REASON] == "too_slow"
+    assert trial.user_attrs["failure_detail"].startswith("40 tok/s after warm-up")
+
+
+def test_a_progress_reading_that_is_no_number_is_ignored(tmp_path):
+    runner = script_runner(tmp_path, "print('tok/s n/a')\n" + textwrap.dedent(SUCCESS),
+                           throughput_pattern=r"tok/s (\S+)")
+    assert runner.run(None, {"x": 2})["val_bpb"] == pytest.approx(0.5)
+
+
 def test_run_failed_is_infeasible_with_reason(tmp_path):
     runner = script_runner(tmp_path, "raise SystemExit(2)")
     with pytest.raises(RunFailed) as info:
