@@ -45,6 +45,10 @@ PEAK_TFLOPS: tuple[tuple[tuple[str, ...], dict[str, float | None]], ...] = (
     (("mi300x",), {"bf16": 1307.4, "fp16": 1307.4, "tf32": 653.7, "fp32": 163.4}),
 )
 
+# Words that make a board another one than the entry it otherwise matches: laptop parts (other
+# chips, lower clocks), "Ti"/"SUPER" (more SMs), "D" (China-market cuts).
+VARIANT_TOKENS = ("laptop", "mobile", "max-q", "ti", "super", "d")
+
 
 @dataclass(frozen=True)
 class PeakFlops:
@@ -66,7 +70,8 @@ class PeakFlops:
 def lookup_peak(device_name: str, dtype: str) -> PeakFlops | None:
     """The datasheet peak for ``device_name`` in ``dtype``, or None when the table lacks it.
 
-    None also for a MIG slice, whose peak is a share of the whole board's.
+    None also for a MIG slice, whose peak is a share of the whole board's, and for a variant
+    of a listed board (``VARIANT_TOKENS``: a laptop part, a Ti, a D) that no entry names.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -75,8 +80,11 @@ def lookup_peak(device_name: str, dtype: str) -> PeakFlops | None:
         # a MIG slice ("NVIDIA A100-SXM4-40GB MIG 1g.5gb") has a fraction of the board's SMs:
         # the board's figure made its MFU read ~7x low, so a slice gets a measured peak
         return None
+    variants = {token for token in VARIANT_TOKENS if _has_token(name, token)}
     for tokens, peaks in PEAK_TFLOPS:
-        if all(_has_token(name, token) for token in tokens):
+        # "RTX 5090 Laptop GPU" holds every token of the desktop card's entry: a variant the
+        # entry does not name has other SM counts or clocks, and gets a measured peak
+        if all(_has_token(name, token) for token in tokens) and variants <= set(tokens):
             tflops = peaks.get(dtype)
             if tflops is None:
                 return None

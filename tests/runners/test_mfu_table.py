@@ -54,6 +54,21 @@ def test_unknown_device_or_unsupported_dtype_has_no_table_entry():
         lookup_peak("NVIDIA H200", "int8")
 
 
+@pytest.mark.parametrize("name", [
+    "NVIDIA GeForce RTX 5090 Laptop GPU",  # a GB203 at laptop clocks: about half the desktop's
+    "NVIDIA GeForce RTX 4090 Laptop GPU",
+    "NVIDIA GeForce RTX 3090 Ti",  # more SMs and clock than the 3090
+    "NVIDIA GeForce RTX 4090 D",  # fewer SMs than the 4090
+    "NVIDIA GeForce RTX 5090 D",
+    "NVIDIA GeForce RTX 4080 SUPER",
+])
+def test_a_variant_of_a_listed_gpu_does_not_get_its_peak(name):
+    # the first entry whose tokens all occur in the name won: a laptop RTX 5090 was scored
+    # against the desktop card's 209.5 TFLOP/s, its MFU read about half of what it was
+    assert lookup_peak(name, "bf16") is None
+    assert lookup_peak("NVIDIA GeForce RTX 5090", "bf16").source == "table"
+
+
 def test_a_mig_slice_does_not_get_the_whole_boards_peak():
     # torch names a slice after its board: a 1g slice has 1/7 of the SMs, so the board's
     # figure would make its MFU (and the study's expected tokens/s) off by ~7x
