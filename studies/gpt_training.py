@@ -7,7 +7,8 @@ Why val_bpb at a fixed time budget (minimize) and not tokens/s: within a fixed w
 every speed knob matters only through what it buys in learning, and some fast settings learn
 badly (a batch too large for the budget takes too few optimizer steps; the report found 2^17
 tokens best and larger batches much worse). val_bpb ranks those correctly, tokens/s would not.
-tokens/s, MFU, peak memory and time to first step are recorded per trial as user attrs.
+tokens/s, MFU (and the peak FLOP/s it is a share of), peak memory and time to first step are
+recorded per trial as user attrs.
 
 Each real trial is a subprocess (``python -m autoscout_optuna.runners.gpt``) run by
 :class:`CommandRunner`, so an OOM, crash or hang fails that trial (with ``failure_reason``)
@@ -248,8 +249,10 @@ def trainer_command(python: str = sys.executable, data: str | None = None) -> li
     return command
 
 
+# peak_flops: MFU's denominator (picked by GPU model, dtype, MIG slice), so a trial shows what
+# its MFU is a share of
 METRICS = {name: rf"^{name}:\s*([-+0-9.eE]+|nan|inf)" for name in
-           ("val_bpb", "tokens_per_s", "mfu", "peak_mem_mb", "first_step_s")}
+           ("val_bpb", "tokens_per_s", "mfu", "peak_mem_mb", "first_step_s", "peak_flops")}
 
 
 def definition(*, device: str = "auto", time_budget: float | None = None,

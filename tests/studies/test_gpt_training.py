@@ -281,3 +281,21 @@ def test_the_runner_locks_the_gpu_the_study_trains_on(monkeypatch, device, visib
     monkeypatch.setattr(runners, "CommandRunner", Recorder)
     gpt_training.definition(device=device)
     assert made["lock"] == lock
+
+
+def test_each_trial_records_the_mfu_denominator_it_was_read_against():
+    # a trial held its MFU but not the peak it divided by: whether 0.43 was of the right GPU's
+    # bf16 dense peak was in the log only
+    from autoscout_optuna.studies.gpt_training import METRICS
+
+    from autoscout_optuna.runners.gpt import TrainResult, summary
+
+    result = TrainResult(val_bpb=2.5, tokens_per_s=1e5, mfu=0.426, peak_mem_mb=900.0,
+                         first_step_s=0.4, training_s=300.0, steps=100, tokens=10**7,
+                         n_params=25 * 10**6, flops_per_token=8.9e8, peak_flops=209.5e12,
+                         peak_source="table", device="cuda", diverged=False)
+    block = summary(result)
+    parsed = {name: float(re.search(pattern, block, re.MULTILINE).group(1))
+              for name, pattern in METRICS.items()}
+    assert parsed["peak_flops"] == pytest.approx(209.5e12, rel=1e-3)
+    assert parsed["mfu"] == pytest.approx(0.426)
