@@ -34,7 +34,7 @@ LOST_RUN_REASONS = frozenset({WORKER_DIED, INTERRUPTED})
 def worker_identity(pid: int | None = None) -> dict[str, Any]:
     """This process's identity: host, pid and the pid's start time (guards against pid reuse)."""
     pid = os.getpid() if pid is None else pid
-    return {"host": socket.gethostname(), "pid": pid, "start": _process_start(pid)}
+    return {"host": socket.gethostname(), "pid": pid, "start": process_start(pid)}
 
 
 def tag_worker(study: optuna.Study, trial: FrozenTrial) -> None:
@@ -48,7 +48,7 @@ def worker_gone(identity: Any) -> bool:
     if not isinstance(identity, dict) or identity.get("host") != socket.gethostname():
         return False
     pid = identity.get("pid")
-    return not isinstance(pid, int) or _process_start(pid) != identity.get("start")
+    return not isinstance(pid, int) or process_start(pid) != identity.get("start")
 
 
 def is_orphaned(trial: FrozenTrial) -> bool:
@@ -90,7 +90,7 @@ def recover_orphaned_trials(study: optuna.Study, *, retry: bool = True) -> list[
     return recovered
 
 
-def _process_start(pid: int) -> int | None:
+def process_start(pid: int) -> int | None:
     """Start time of ``pid`` in clock ticks since boot (Linux); None if there is no such pid."""
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -151,7 +151,8 @@ class CommandRunner:
         Returns:
             Metric name to value. On ``trial`` each metric is also a user attr, next to
             ``run:log``, ``run:wall_s``, ``run:returncode``, ``run:telemetry`` and, where a
-            device is locked, ``run:lock_wait_s``.
+            device is locked, ``run:lock_wait_s`` (and ``run:stale_lock_removed``,
+            ``run:orphaned_job_killed`` where a dead worker's lock, or its job, was cleared).
 
         Raises:
             RunFailed: with ``.reason`` in ``REASONS``, after recording ``failure_reason``.
@@ -179,10 +180,12 @@ class CommandRunner:
                 attrs["run:lock_wait_s"] = round(time.monotonic() - waited_from, 3)
                 if lock.stale_removed:
                     attrs["run:stale_lock_removed"] = lock.stale_removed
+                if lock.orphan_killed:
+                    attrs["run:orphaned_job_killed"] = lock.orphan_killed
             if telemetry is not None:
                 telemetry.start()
             try:
-                values = self._execute(args, env, log_path, reference, attrs)
+                values = self._execute(args, env, log_path, reference, attrs, lock)
             finally:
                 if telemetry is not None:
                     telemetry.stop()
@@ -198,7 +201,8 @@ class CommandRunner:
         return values
 
     def _execute(self, args: list[str], env: dict[str, str], log_path: Path | None,
-                 reference: float | None, attrs: dict[str, Any]) -> dict[str, float]:
+                 reference: float | None, attrs: dict[str, Any],
+                 lock: GpuLock | None) -> dict[str, float]:
         started = time.monotonic()
         log = open(log_path, "w") if log_path is not None else None  # noqa: SIM115
         try:
@@ -210,6 +214,8 @@ class CommandRunner:
             if log is not None:
                 log.close()
             raise RunFailed("crash", f"cannot start {args[0]!r}: {error}") from error
+        if lock is not None:  # should this worker die, the next one ends the job first
+            lock.hold_job(process.pid)
         lines: queue.Queue[str | None] = queue.Queue()
         reader = threading.Thread(target=pump_lines, args=(process.stdout, lines), daemon=True)
         reader.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 import time
@@ -206,6 +207,18 @@ def test_time_queued_for_the_device_lock_is_recorded(tmp_path):
     assert not list(locks.glob("*.lock"))  # released after the run
     unlocked = run_in_study(script_runner(tmp_path, SUCCESS))
     assert "run:lock_wait_s" not in unlocked.user_attrs
+
+
+def test_the_device_lock_names_the_job_while_it_runs(tmp_path):
+    # so that the next worker ends this job should this worker die (tests/runners/test_gpu_lock)
+    locks = tmp_path / "locks"
+    body = (f"import os\nprint('lock:', open({str(locks / 'gpu-3.lock')!r}).read().split())\n"
+            f"print('pid:', os.getpid())\n" + textwrap.dedent(SUCCESS))
+    trial = run_in_study(script_runner(tmp_path, body, lock="3", lock_dir=locks,
+                                       telemetry=False))
+    log = Path(trial.user_attrs["run:log"]).read_text()
+    pid = re.search(r"^pid: (\d+)", log, re.MULTILINE).group(1)
+    assert f"'job', '{pid}'" in log
 
 
 def test_a_finished_job_whose_helper_keeps_its_output_open_is_not_a_timeout(tmp_path):

@@ -127,3 +127,63 @@ def test_no_visible_gpu_means_no_lock_and_an_invisible_device_is_refused(monkeyp
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     with pytest.raises(ValueError, match="'cuda:2' is not among the GPUs"):
         resolve_lock_name("cuda:2")
+
+
+def test_a_lock_naming_a_reused_pid_is_stale(tmp_path):
+    # the owner's pid alone was checked: once a dead worker's pid was reused by any process,
+    # its lock was judged live and a worker on that GPU waited for it forever
+    from autoscout_optuna._recovery import process_start
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stamp = process_start(sleeper.pid)
+        owner = f"{socket.gethostname()}:{sleeper.pid}"
+        (tmp_path / "gpu-0.lock").write_text(f"{owner}\nstart {stamp + 1}\n")
+        lock = GpuLock("0", lock_dir=tmp_path, timeout=0)
+        assert lock.try_acquire() and lock.stale_removed == owner
+        lock.release()
+        (tmp_path / "gpu-0.lock").write_text(f"{owner}\nstart {stamp}\n")  # the owner itself
+        assert not GpuLock("0", lock_dir=tmp_path, timeout=0).try_acquire()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_job_of_a_dead_lock_owner_is_ended_before_the_gpu_is_taken(tmp_path, monkeypatch):
+    # a worker killed with -9 leaves its job running (the job has a session of its own); the
+    # next worker removed the stale lock and started a trial beside it on the same GPU (an
+    # OOM or a halved throughput recorded against the new trial's config)
+    from autoscout_optuna._recovery import process_start
+
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              start_new_session=True)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                 start_new_session=True)
+    try:
+        owner = f"{socket.gethostname()}:{dead_pid()}"
+        (tmp_path / "gpu-0.lock").write_text(
+            f"{owner}\njob {orphan.pid} {process_start(orphan.pid)}\n")
+        lock = GpuLock("0", lock_dir=tmp_path, timeout=0)
+        assert lock.try_acquire()
+        assert (lock.stale_removed, lock.orphan_killed) == (owner, orphan.pid)
+        assert orphan.wait(timeout=10) == -9
+        lock.release()
+        # a job line whose pid now names another process (reused) is left alone
+        (tmp_path / "gpu-0.lock").write_text(
+            f"{owner}\njob {bystander.pid} {process_start(bystander.pid) + 1}\n")
+        lock = GpuLock("0", lock_dir=tmp_path, timeout=0)
+        assert lock.try_acquire() and lock.orphan_killed is None
+        assert bystander.poll() is None
+        lock.release()
+        # nor does a lock file another user wrote make us kill anything
+        (tmp_path / "gpu-0.lock").write_text(
+            f"{owner}\njob {bystander.pid} {process_start(bystander.pid)}\n")
+        real_uid = os.getuid()
+        monkeypatch.setattr(os, "getuid", lambda: real_uid + 1)
+        lock = GpuLock("0", lock_dir=tmp_path, timeout=0)
+        assert lock.try_acquire() and lock.orphan_killed is None
+        assert bystander.poll() is None
+    finally:
+        for process in (orphan, bystander):
+            process.kill()
+            process.wait()
