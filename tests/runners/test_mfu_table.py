@@ -99,3 +99,18 @@ def test_cpu_peak_is_measured_and_says_so():
     peak = device_peak("cpu", "fp32")
     assert peak.source == "measured"
     assert peak.flops > 1e8  # any CPU that runs this test does more than 0.1 GFLOP/s
+
+
+@pytest.mark.parametrize("peaks, best", [
+    ({"fp32": 9.6e10, "bf16": 2.2e11, "fp16": 3.2e9}, 2.2e11),  # avx512_bf16 (an EPYC here)
+    ({"fp32": 9.6e10, "bf16": 5e9, "fp16": 3.2e9}, 9.6e10),  # half precision emulated
+])
+def test_a_cpu_run_is_scored_against_the_cpus_fastest_dtype(monkeypatch, peaks, best):
+    # on an EPYC with avx512_bf16 an fp32 run read 72% MFU against fp32's measured peak while
+    # a bf16 run trained 26% faster and read 39%: fp32 was never held to the bf16 peak
+    from autoscout_optuna.runners import _mfu
+
+    monkeypatch.setattr(_mfu, "measure_peak_flops", lambda device, dtype, **kw: peaks[dtype])
+    for dtype in ("fp32", "bf16", "fp16"):
+        peak = _mfu.training_peak("cpu", dtype)
+        assert (peak.flops, peak.source) == (best, "measured"), dtype
