@@ -268,7 +268,7 @@ class CommandRunner:
         finally:
             if abort is not None or process.poll() is None or leftovers:
                 kill_group(process)  # leftovers: a finished job's helpers may hold the GPU
-            returncode = process.wait()
+            returncode = _reap(process)
             reader.join(timeout=5.0)
             if log is not None:
                 log.close()
@@ -278,6 +278,11 @@ class CommandRunner:
         if counted:
             attrs["run:throughput_mean"] = sum(counted) / len(counted)
         detail = "\n".join(tail)[-1500:]
+        if returncode is None:
+            raise RunFailed(abort[0] if abort else "crash",
+                            f"the job (pid {process.pid}) did not exit after SIGKILL: stuck in "
+                            f"the kernel or the GPU driver, the device may need a reset\n"
+                            f"{detail}".strip())
         if abort is not None:
             raise RunFailed(abort[0], f"{abort[1]}\n{detail}".strip())
         if returncode != 0:
@@ -354,6 +359,19 @@ class CommandRunner:
                                           file_path=str(log_path), study_or_trial=trial,
                                           mimetype="text/plain")
             trial.set_user_attr("run:log_artifact_id", artifact_id)
+
+
+# Seconds to wait for a killed job to exit: one stuck in the GPU driver (D state) outlives
+# SIGKILL, and waiting for it without a limit hung the worker with its trial RUNNING.
+UNKILLABLE_WAIT_S = 30.0
+
+
+def _reap(process: subprocess.Popen) -> int | None:
+    """The killed (or exited) job's return code; None if it did not exit in time."""
+    try:
+        return process.wait(timeout=UNKILLABLE_WAIT_S)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 # Seconds the output may stay open after the job exited: a helper it started (a compile worker,

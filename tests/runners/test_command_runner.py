@@ -221,6 +221,39 @@ def test_the_device_lock_names_the_job_while_it_runs(tmp_path):
     assert f"'job', '{pid}'" in log
 
 
+def test_a_job_that_will_not_die_fails_its_trial_instead_of_hanging_the_worker(tmp_path,
+                                                                            monkeypatch):
+    # a job stuck in the GPU driver (D state) outlives SIGKILL: the runner waited for it without
+    # a limit, and the worker hung with its trial RUNNING, no reason recorded. A job whose kill
+    # is a no-op stands in for it
+    import threading
+
+    from autoscout_optuna.runners import _command
+
+    pid_file = tmp_path / "job.pid"
+    body = (f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+            "print('started', flush=True)\ntime.sleep(30)")
+    monkeypatch.setattr(_command, "kill_group", lambda process: None)
+    monkeypatch.setattr(_command, "UNKILLABLE_WAIT_S", 0.2)
+    runner = script_runner(tmp_path, body, timeout=0.5)
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(run_in_study(runner)), daemon=True)
+    worker.start()
+    worker.join(timeout=15)
+    try:
+        assert not worker.is_alive(), "the worker is still waiting for the job"
+        (trial,) = outcome
+        assert trial.state == TrialState.FAIL
+        assert trial.user_attrs[FAILURE_REASON] == "timeout"
+        assert "did not exit" in trial.user_attrs["failure_detail"]
+    finally:
+        import os
+        import signal
+
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        worker.join(timeout=15)
+
+
 def test_a_finished_job_whose_helper_keeps_its_output_open_is_not_a_timeout(tmp_path):
     # a compile worker or logging daemon inherits stdout and outlives the job: the run is over
     # when the job exits, not when every helper closed the pipe (that ran into the timeout)
