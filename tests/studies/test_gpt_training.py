@@ -299,3 +299,22 @@ def test_each_trial_records_the_mfu_denominator_it_was_read_against():
               for name, pattern in METRICS.items()}
     assert parsed["peak_flops"] == pytest.approx(209.5e12, rel=1e-3)
     assert parsed["mfu"] == pytest.approx(0.426)
+
+
+def test_the_gpu_space_can_compile_the_optimizer_step_alone():
+    # the practitioner's win: an eager model with only the (fused) optimizer step compiled;
+    # model compilation and the compiled step are separate knobs, and the simulator does not
+    # charge the eager model a compilation
+    from autoscout_optuna.studies.gpt_training import SIZES, simulate_run, suggest_config
+
+    info = {"kind": "gpu", "dtypes": ["bf16", "fp16", "fp32"], "attention": ["flash", "math"],
+            "tf32": True, "memory_bytes": 80 * 2**30}
+    trial = optuna.create_study().ask()
+    suggest_config(trial, info=info, size=SIZES["gpu"], time_budget=300.0)
+    assert "off" in trial.distributions["compile"].choices
+    assert "compiled" in trial.distributions["optimizer"].choices
+    config = suggest_config(optuna.create_study().ask(), info=info, size=SIZES["gpu"],
+                            time_budget=300.0, fixed={"compile": "off", "optimizer": "compiled"})
+    assert (config["compile"], config["optimizer"]) == ("off", "compiled")
+    assert simulate_run(config, info=info, peak_flops=989e12,
+                        start_up_limit_s=450.0)["first_step_s"] < 1.0
