@@ -54,7 +54,8 @@ class CommandRunner:
         metrics: Metric name to a regex with one group, searched per line (multiline); the
             last match wins. ``AUTORESEARCH_METRICS`` parses autoresearch's ``val_bpb:`` line.
         timeout: Wall-clock seconds before the process group is killed (reason ``timeout``).
-        env: Extra environment variables; values are templates like ``command``'s.
+        env: Extra environment variables; values are templates like ``command``'s. A Python
+            job runs unbuffered (``PYTHONUNBUFFERED=1``) unless the environment says otherwise.
         optional_metrics: Metrics whose absence is not a failure.
         log_dir: Per-trial logs go to ``log_dir/<study>/trial-<number>.log``; None keeps none.
         artifact_store: An ``optuna.artifacts`` store: each log is also uploaded to the trial.
@@ -161,7 +162,10 @@ class CommandRunner:
         distributions = dict(trial.distributions) if trial is not None else {}
         args = render(self.command, config, distributions)
         env_values = render(list(self.env.values()), config, distributions)
-        env = {**os.environ, **dict(zip(self.env, env_values, strict=True))}
+        # a Python job's print() to our pipe is block-buffered: its progress would reach the
+        # guards 8 KB at a time (nanoGPT's train.py does not flush); a value set wins
+        env = {"PYTHONUNBUFFERED": "1", **os.environ,
+               **dict(zip(self.env, env_values, strict=True))}
         reference = self._reference_throughput(trial, config)
         log_path = self._log_path(trial)
         attrs: dict[str, Any] = {"run:command": args, "run:expected_throughput": reference}

@@ -109,6 +109,19 @@ def test_a_progress_reading_that_is_no_number_is_ignored(tmp_path):
     assert runner.run(None, {"x": 2})["val_bpb"] == pytest.approx(0.5)
 
 
+def test_progress_a_python_job_prints_without_flushing_reaches_the_guards(tmp_path,
+                                                                          monkeypatch):
+    # print() to a pipe is block-buffered: a script that does not flush (nanoGPT's train.py)
+    # showed its progress 8 KB at a time, so a slow run met the too_slow guard only after
+    # hundreds of steps, or met the timeout first
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    body = ("import time\nfor r in (5000, 40, 30, 20):\n"
+            "    print(f'iter | loss 3.0 | tok/s {r}')\ntime.sleep(60)")
+    trial = run_in_study(script_runner(tmp_path, body, timeout=5,
+                                       expected_throughput=lambda config: 5000.0))
+    assert trial.user_attrs[FAILURE_REASON] == "too_slow"
+
+
 def test_run_failed_is_infeasible_with_reason(tmp_path):
     runner = script_runner(tmp_path, "raise SystemExit(2)")
     with pytest.raises(RunFailed) as info:
