@@ -130,12 +130,12 @@ class GpuLock:
         pid, start = job
         if process_start(pid) not in (None, start):
             return  # the pid names another process now: not the job's
-        if self.path.stat().st_uid != os.getuid():
-            return  # another user's file (a shared lock dir) must not make us kill anything
         # gone leader, live helpers: a pid is not reused while it is a live group's id
         try:
+            if self.path.stat().st_uid != os.getuid():
+                return  # another user's file (a shared lock dir) must not make us kill anything
             os.killpg(pid, signal.SIGKILL)  # the job runs in a session (group) of its own
-        except (ProcessLookupError, PermissionError):
+        except OSError:  # no such group (it ended), or not ours to signal
             return
         self.orphan_killed = pid
 
