@@ -19,7 +19,7 @@ OOM_PATTERN = (r"CUDA out of memory|OutOfMemoryError|HIP out of memory|\bMemoryE
 NAN_PATTERN = r"\bloss\b\W*(?:is\s+)?[-+]?(?:nan|inf)\b"
 # "tok/s 12345" (runners.gpt), "tok/sec: 12,345" (autoresearch's progress line): the digits may
 # carry thousands separators, which ``progress_reading`` drops
-THROUGHPUT_PATTERN = r"tok(?:ens)?/s(?:ec)?\W*([0-9][0-9,]*\.?[0-9]*(?:[eE][-+]?\d+)?)"
+THROUGHPUT_PATTERN = r"tok/s(?:ec)?\W*([0-9][0-9,]*\.?[0-9]*(?:[eE][-+]?\d+)?)"
 
 
 def progress_reading(text: str) -> float | None:
