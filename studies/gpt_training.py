@@ -135,13 +135,25 @@ def knob_domains(info: Mapping[str, Any], size: Mapping[str, int]) -> dict[str, 
     return space
 
 
+def default_knobs(info: Mapping[str, Any]) -> dict[str, Any]:
+    """Each knob's default on ``info``'s device: the default config's values (the first dtype
+    and attention backend the device offers; ``tf32``, asked only with fp32, on)."""
+    kind = info["kind"]
+    knobs = dict(total_batch_log2=DEFAULT_BATCH_LOG2[kind], device_batch=DEFAULT_DEVICE_BATCH[kind],
+                 dtype=info["dtypes"][0], optimizer="fused" if kind == "gpu" else "foreach",
+                 attention=info["attention"][0], lr_mult=1.0, warmup_frac=0.05)
+    if kind == "gpu":
+        knobs.update(compile="off", tf32=True)
+    return knobs
+
+
 def suggest_config(trial: Any, *, info: Mapping[str, Any], size: Mapping[str, int],
                    time_budget: float, fixed: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The define-by-run space for ``info``'s device; returns params plus derived values."""
-    kind = info["kind"]
+    kind, defaults = info["kind"], default_knobs(info)
     knobs = Knobs(trial, space=knob_domains(info, size), fixed=fixed)
-    total_log2 = knobs.suggest("total_batch_log2", default=DEFAULT_BATCH_LOG2[kind])
-    device_batch = knobs.suggest("device_batch", default=DEFAULT_DEVICE_BATCH[kind])
+    total_log2 = knobs.suggest("total_batch_log2", default=defaults["total_batch_log2"])
+    device_batch = knobs.suggest("device_batch", default=defaults["device_batch"])
     total_batch = 2**total_log2
     # device_batch sequences must divide the total batch; both are powers of two, so the
     # largest valid value is total / seq_len: clamp there (the run records what it used)
@@ -150,19 +162,19 @@ def suggest_config(trial: Any, *, info: Mapping[str, Any], size: Mapping[str, in
                   total_batch=total_batch, device_batch=device_batch,
                   device_batch_effective=effective,
                   grad_accum=total_batch // (effective * size["seq_len"]))
-    config["dtype"] = knobs.suggest("dtype", default=info["dtypes"][0])
+    config["dtype"] = knobs.suggest("dtype", default=defaults["dtype"])
     config["tf32"] = False
     if kind == "gpu":
-        config["compile"] = knobs.suggest("compile", default="off")
-        config["optimizer"] = knobs.suggest("optimizer", default="fused")
+        config["compile"] = knobs.suggest("compile", default=defaults["compile"])
+        config["optimizer"] = knobs.suggest("optimizer", default=defaults["optimizer"])
         if config["dtype"] == "fp32" and info.get("tf32"):
-            config["tf32"] = knobs.suggest("tf32", default=True)
+            config["tf32"] = knobs.suggest("tf32", default=defaults["tf32"])
     else:
         config["compile"] = "off"
-        config["optimizer"] = knobs.suggest("optimizer", default="foreach")
-    config["attention"] = knobs.suggest("attention", default=info["attention"][0])
-    config["lr_mult"] = knobs.suggest("lr_mult", default=1.0)
-    config["warmup_frac"] = knobs.suggest("warmup_frac", default=0.05)
+        config["optimizer"] = knobs.suggest("optimizer", default=defaults["optimizer"])
+    config["attention"] = knobs.suggest("attention", default=defaults["attention"])
+    config["lr_mult"] = knobs.suggest("lr_mult", default=defaults["lr_mult"])
+    config["warmup_frac"] = knobs.suggest("warmup_frac", default=defaults["warmup_frac"])
     return config
 
 
@@ -220,9 +232,9 @@ def simulate_run(config: Mapping[str, Any], *, info: Mapping[str, Any],
 
 
 # The knobs ``suggest_config`` asks for, in the default config's keys (``tf32`` is asked only
-# for fp32, which no device's default uses).
+# for fp32: a default config pinned to fp32 queues its TF32 too).
 SEARCHED_KNOBS = ("total_batch_log2", "device_batch", "dtype", "compile", "optimizer",
-                  "attention", "lr_mult", "warmup_frac")
+                  "tf32", "attention", "lr_mult", "warmup_frac")
 
 
 def default_params(study_def: StudyDefinition) -> dict[str, Any]:
@@ -358,16 +370,11 @@ def definition(*, device: str = "auto", time_budget: float | None = None,
             trial.set_user_attr(MEMORY_USE, peak_bytes / info["memory_bytes"])
         return metrics["val_bpb"]
 
-    default = dict(model, time_budget=budget, total_batch_log2=DEFAULT_BATCH_LOG2[kind],
-                   device_batch=DEFAULT_DEVICE_BATCH[kind], dtype=info["dtypes"][0], tf32=False,
-                   compile="off", optimizer="foreach" if kind == "cpu" else "fused",
-                   attention=info["attention"][0], lr_mult=1.0, warmup_frac=0.05,
-                   device=info["device"])
-    default["total_batch"] = 2 ** default["total_batch_log2"]
-    default["device_batch_effective"] = min(default["device_batch"],
-                                            default["total_batch"] // model["seq_len"])
-    default["grad_accum"] = default["total_batch"] // (default["device_batch_effective"]
-                                                      * model["seq_len"])
+    # The default config with the user's pins: what trial 0 runs (a pinned knob is not
+    # suggested, so the queued default's own value of it would never run) and the gain's base.
+    default = suggest_config(None, info=info, size=model, time_budget=budget,
+                             fixed=dict(default_knobs(info), **fixed_copy))
+    default["device"] = info["device"]
     return StudyDefinition(
         name=NAME,
         direction="minimize",

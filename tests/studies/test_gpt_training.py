@@ -318,3 +318,18 @@ def test_the_gpu_space_can_compile_the_optimizer_step_alone():
     assert (config["compile"], config["optimizer"]) == ("off", "compiled")
     assert simulate_run(config, info=info, peak_flops=989e12,
                         start_up_limit_s=450.0)["first_step_s"] < 1.0
+
+
+def test_the_default_config_carries_the_pinned_knobs(tmp_path):
+    # trial 0 runs the default config with the pins (a pinned knob is never suggested): the
+    # default config said fp32 while the trial ran bf16, and the gain was read against it
+    plain = studies.load("gpt_training", device="cpu", log_dir=str(tmp_path))
+    pinned = studies.load("gpt_training", device="cpu", log_dir=str(tmp_path),
+                          fixed={"dtype": "bf16", "total_batch_log2": 12})
+    assert plain.default_config["dtype"] == "fp32"
+    assert pinned.default_config["dtype"] == "bf16"
+    assert pinned.default_config["total_batch"] == 2**12
+    assert pinned.default_config["grad_accum"] == 2**12 // (8 * 256)
+    unpinned = {k: v for k, v in plain.default_config.items()
+                if k not in ("dtype", "total_batch_log2", "total_batch", "grad_accum")}
+    assert {k: pinned.default_config[k] for k in unpinned} == unpinned
