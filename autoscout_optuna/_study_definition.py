@@ -148,9 +148,12 @@ class Knobs:
     cannot drift apart. A knob named in ``fixed`` takes that value without being suggested (e.g.
     the structure fixed at a good layout); with ``dense_at_defaults=True`` every dense knob takes
     its default (the structural-only benchmark variant). Everything else is suggested as usual.
+    With no trial (``None``: a whole config built from ``fixed``, such as an expert recipe with
+    a user's pins) a knob ``fixed`` leaves out takes its default, and one without a default is a
+    ValueError naming it.
 
     Args:
-        trial: An ``optuna.Trial`` (or an object with the same suggest methods).
+        trial: An ``optuna.Trial`` (or an object with the same suggest methods), or None.
         space: Each knob's distribution, for :meth:`suggest`.
         fixed: Knob values that are not searched.
         dense_at_defaults: Hold dense knobs at their defaults.
@@ -184,6 +187,8 @@ class Knobs:
     def categorical(self, name: str, choices: list[Any], *, default: Any = None) -> Any:
         if name in self.fixed:
             return self.fixed[name]
+        if self.trial is None:
+            return self._default(name, default)
         return self.trial.suggest_categorical(name, choices)
 
     def int(
@@ -211,6 +216,15 @@ class Knobs:
     ) -> Any:
         if self.dense_at_defaults and default is not None and not is_structural(dist):
             return default
+        if self.trial is None:
+            return self._default(name, default)
         suggest = (self.trial.suggest_int if isinstance(dist, optuna.distributions.IntDistribution)
                    else self.trial.suggest_float)
         return suggest(name, dist.low, dist.high, step=dist.step, log=dist.log)
+
+    @staticmethod
+    def _default(name: str, default: Any) -> Any:
+        if default is None:
+            raise ValueError(f"knob {name!r} has no value: with no trial to suggest it, it must "
+                             "be fixed or have a default")
+        return default

@@ -3,6 +3,7 @@
 .. code-block:: bash
 
     autoscout run llm_training --n-trials 40 --option preset=70b-512
+    autoscout run llm_serving --fix tp=4   # a knob pinned, not searched
     autoscout show                 # decisions table and best config of the study
     autoscout show --json          # the same as JSON: ship.params is the config to ship
     autoscout dashboard            # optuna-dashboard on http://127.0.0.1:8080
@@ -131,6 +132,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="sampler seed (default: fresh randomness)")
     run.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                      help="study option, repeatable (e.g. -o num_gpus=128 -o gpu=A100)")
+    run.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
+                     help="pin a knob to a value instead of searching it, repeatable (e.g. "
+                     "--fix dtype=bf16 --fix tp=2); checked against the study's knobs; the "
+                     "default config runs with the pins too (the study's fixed= option)")
     run.add_argument("--artifact-dir", default=DEFAULT_ARTIFACT_DIR,
                      help=f"where dashboard plots go (default: {DEFAULT_ARTIFACT_DIR})")
     run.add_argument("--confirm", type=_non_negative_int, default=0, metavar="N",
@@ -209,7 +214,7 @@ def _run_study(args: argparse.Namespace) -> int:
     from autoscout_optuna._progress import ProgressReporter, summary_text
     from autoscout_optuna._recovery import recover_orphaned_trials, worker_identity
 
-    options = parse_options(args.option)
+    options = _study_options(args.option, args.fix)
     definition = _load_definition(args.study, options, studies)
     storage = open_storage(args.storage, heartbeat=True)
     study_name = args.study_name or definition.name
@@ -540,6 +545,23 @@ def parse_options(items: Sequence[str]) -> dict[str, Any]:
         if not sep or not key.isidentifier():
             raise UsageError(f"--option {item!r}: expected KEY=VALUE, e.g. --option num_gpus=128")
         options[key] = _parse_value(text.strip())
+    return options
+
+
+def _study_options(option: Sequence[str], fix: Sequence[str]) -> dict[str, Any]:
+    """``--option`` items as the study's keyword arguments, ``--fix`` items as its ``fixed``."""
+    options = parse_options(option)
+    if "fixed" in options:  # a string the study cannot read as {knob: value}
+        raise UsageError("pin knobs with --fix KNOB=VALUE, not -o fixed=...")
+    if fix:
+        fixed: dict[str, Any] = {}
+        for item in fix:
+            knob, sep, text = item.partition("=")
+            if not sep or not knob.strip():
+                raise UsageError(f"--fix {item!r}: expected KNOB=VALUE, e.g. --fix dtype=bf16")
+            # knob names are the study's own (no dash-to-underscore, unlike option keys)
+            fixed[knob.strip()] = _parse_value(text.strip())
+        options["fixed"] = fixed
     return options
 
 

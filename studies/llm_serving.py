@@ -267,7 +267,7 @@ def suggest_config(
     )
 
 
-def expert_config(options: dict[str, Any]) -> dict[str, Any]:
+def expert_config(options: dict[str, Any], pins: dict[str, Any] | None = None) -> dict[str, Any]:
     """vLLM's documented starting point for the model and node.
 
     Recipe: vLLM docs "Distributed inference and serving": a model that does not fit one GPU
@@ -285,7 +285,9 @@ def expert_config(options: dict[str, Any]) -> dict[str, Any]:
         gpu_memory_utilization=GPU_UTIL_DEFAULT, cuda_graphs=True, prefix_caching=True,
         speculative=False,
     )
-    return suggest_config(None, options=options, fixed=fixed)
+    # pins (a study's fixed) override the recipe: the config a trial with those pins runs from it
+    # (a knob they make the structure ask that the recipe has no value for takes its default)
+    return suggest_config(None, options=options, fixed=dict(fixed, **(pins or {})))
 
 
 def measure(config: dict[str, Any], rng: Any = None) -> float:
@@ -340,7 +342,7 @@ def definition(
     _validate.booleans(dense_at_defaults=dense_at_defaults)
     fixed = check_fixed(fixed, knob_domains())
     default_config = expert_default(
-        lambda: expert_config(base), measure,
+        lambda: expert_config(base, pins=fixed), measure,
         lambda: _check_any_runs(base, fixed, bool(dense_at_defaults)))
     options = dict(base, dense_at_defaults=bool(dense_at_defaults))
     if fixed:

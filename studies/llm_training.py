@@ -166,7 +166,8 @@ def suggest_config(
 
 
 def expert_config(
-    *, model: str, gpu: str, num_gpus: int, global_batch: int, seq_len: int
+    *, model: str, gpu: str, num_gpus: int, global_batch: int, seq_len: int,
+    pins: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The configuration an expert would start from, as a full config.
 
@@ -176,15 +177,21 @@ def expert_config(
     CP=2 memory share moves to TP, keeping TP inside a node as the Megatron-LM docs advise. Other
     sizes follow the same rule of thumb: TP 2 / 4 / 8 at <12B / <30B / larger, PP only when
     weights do not fit, and VPP giving 4 layers per virtual stage.
+
+    ``pins`` (a study's ``fixed``) override the recipe: the config a trial with those pins runs
+    from it. The recipe's sequence parallelism and VPP follow a pinned TP and PP; a knob the
+    pins make the structure ask that the recipe has no value for takes its default.
     """
+    pins = dict(pins or {})
     shape = model_shape(model)
     params_b = shape.params / 1e9
-    tp = 2 if params_b < 12 else (4 if params_b < 30 else 8)
-    pp = 1 if params_b < 30 else 4
+    tp = pins.get("tp", 2 if params_b < 12 else (4 if params_b < 30 else 8))
+    pp = pins.get("pp", 1 if params_b < 30 else 4)
     vpp = 1
     if pp > 1:
         vpp = max(
-            v for v in VPP_CHOICES if shape.layers % (pp * v) == 0 and shape.layers // (pp * v) >= 4
+            (v for v in VPP_CHOICES
+             if shape.layers % (pp * v) == 0 and shape.layers // (pp * v) >= 4), default=1
         )
     fixed = dict(
         tp=tp, pp=pp, micro_batch=1, recompute="none", sequence_parallel=tp > 1,
@@ -195,7 +202,7 @@ def expert_config(
         fixed["vpp"] = vpp
     return suggest_config(
         None, model=model, gpu=gpu, num_gpus=num_gpus, global_batch=global_batch,
-        seq_len=seq_len, fixed=fixed,
+        seq_len=seq_len, fixed=dict(fixed, **pins),
     )
 
 
@@ -314,7 +321,7 @@ def definition(
     roomiest = {} if dense_at_defaults else {
         "bucket_size_mb": knob_domains(base["model"])["bucket_size_mb"].low}
     default_config = expert_default(
-        lambda: expert_config(**base), measure,
+        lambda: expert_config(**base, pins=fixed), measure,
         lambda: _check_any_runs(
             base, functools.partial(suggest_config, **base, fixed=dict(roomiest, **fixed))))
     return StudyDefinition(

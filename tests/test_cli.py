@@ -70,6 +70,11 @@ def test_parse_options_rejects_malformed_items(item):
         (["run", "toy_study.py", "-o", "scale=inf"], "scale='inf'"),
         (["run", "toy_study.py", "-o", "warp=9"], "warp"),
         (["run", "toy_study.py", "-o", "scale"], "--option 'scale'"),
+        (["run", "llm_serving", "--fix", "tp"], "--fix 'tp': expected KNOB=VALUE"),
+        (["run", "llm_serving", "--fix", "tpp=2"], "unknown knob(s) ['tpp']"),
+        (["run", "llm_serving", "--fix", "tp=3"], "tp must be one of [1, 2, 4, 8]"),
+        (["run", "llm_serving", "-o", "fixed=tp"], "pin knobs with --fix KNOB=VALUE"),
+        (["run", "toy_study.py", "--fix", "x=1"], "fixed"),
         (["run", "toy_study.py", "--storage", "nosuchdb://x"], "cannot open storage"),
         (["run", "toy_study.py", "--storage", "sqlite:////no/such/dir/x.db"],
          "cannot open storage"),
@@ -553,6 +558,22 @@ def test_a_study_resumed_with_other_options_is_refused_and_loses_nothing(toy, ca
                               "--n-trials", "1", "--seed", "0")
     assert status == 0, err
     assert len(_study(toy, "llm_training").trials) == 3
+
+
+def test_fix_pins_knobs_for_the_search_and_the_default_and_resume_keeps_them(toy, capsys):
+    status, _, err = _run_cli(capsys, "run", "llm_serving", "--fix", "tp=4", "--fix",
+                              "cuda_graphs=false", "--n-trials", "4", "--seed", "0")
+    assert status == 0, err
+    study = _study(toy, "llm_serving")
+    assert study.user_attrs["autoscout:options"]["fixed"] == {"tp": 4, "cuda_graphs": False}
+    # pinned knobs are not searched: no trial has them as params, and trial 0, the default
+    # config, is the recipe with the pins
+    assert not any({"tp", "cuda_graphs"} & set(t.params) for t in study.trials)
+    assert study.trials[0].user_attrs["autoscout:default_config"] is True
+    # other pins under the same name would mix measurements: refused, nothing lost
+    status, _, err = _run_cli(capsys, "run", "llm_serving", "--fix", "tp=8", "--n-trials", "1")
+    assert status == 2 and "fixed" in err
+    assert len(_study(toy, "llm_serving").trials) == 4
 
 
 def test_a_run_that_raises_is_recorded_as_a_crash_and_the_study_goes_on(toy, capsys):

@@ -108,3 +108,29 @@ def test_knobs_suggest_names_a_knob_missing_from_the_space():
 
     with pytest.raises(KeyError, match=r"knob 'sequs' is not in the space; knobs are \['layout'"):
         Knobs(_CallLog(), space=_SPACE, fixed=dict(sequs=1)).suggest("sequs")
+
+
+@pytest.mark.parametrize(("name", "fixed"), [
+    ("llm_training", {"pp": 2}),  # the recipe's VPP follows the pinned PP
+    ("llm_training", {"recompute": "full", "tp": 4}),  # recompute_layers at its default
+    ("llm_serving", {"speculative": True}),  # num_speculative_tokens at its default
+    ("llm_serving", {"tp": 4, "pp": 2}),
+])
+def test_the_default_config_is_what_trial_0_runs_under_the_pins(name, fixed):
+    # a pinned knob is never suggested: the queued default ran with the pins while the study's
+    # default config (the gain's base, the dashboard's baseline) was the recipe without them
+    definition = studies.load(name, fixed=fixed)
+    assert {k: definition.default_config[k] for k in fixed} == fixed
+    study = optuna.create_study(direction=definition.direction)
+    definition.enqueue_default(study)
+    assert definition.suggest(study.ask()) == definition.default_config
+
+
+def test_a_config_built_without_a_trial_names_a_knob_with_no_value():
+    from autoscout_optuna._study_definition import Knobs
+
+    knobs = Knobs(None, fixed={"a": 1})
+    assert knobs.categorical("a", [1, 2]) == 1
+    assert knobs.int("b", 1, 9, default=4) == 4
+    with pytest.raises(ValueError, match="knob 'c' has no value"):
+        knobs.categorical("c", [1, 2])
