@@ -34,7 +34,7 @@ from autoscout_optuna._confirm import (
     gain_ratio,
     read_confirmation,
 )
-from autoscout_optuna._keys import ARM, DEFAULT_CONFIG, SIM_ERROR, TRUE_VALUE
+from autoscout_optuna._keys import ARM, DEFAULT_CONFIG, SIM_ERROR, STUDY_OPTIONS, TRUE_VALUE
 from autoscout_optuna._progress import format_value, is_predicted_failure, real_value
 
 ORDER_KEY = "mcts:order"  # the feature priority order MCTSSampler used for a trial
@@ -64,12 +64,21 @@ class SearchSummary:
     simulator_errors: list[tuple[int, float]] = field(default_factory=list)  # (trial, rel. err)
     predicted_failures: int = 0  # FAIL predicted by the simulator: no real run was spent
     confirmation: Confirmation | None = None  # re-runs of the top configs, when any were made
+    pinned: Mapping[str, Any] = field(default_factory=dict)  # knobs the study fixed (--fix)
 
     @property
     def confirmed_best(self) -> ConfirmedConfig | None:
         """The config to ship after confirmation runs (``autoscout_optuna._confirm``); None
         without them."""
         return self.confirmation.best if self.confirmation is not None else None
+
+    @property
+    def ship_params(self) -> dict[str, Any]:
+        """The whole config to ship: the confirmed best's params, else the best real run's,
+        and the knobs the study pinned (never trial params, as they are never suggested)."""
+        confirmed = self.confirmed_best
+        params = confirmed.params if confirmed is not None else self.best_params
+        return {**self.pinned, **params} if params else {}
 
     @property
     def gain_over_default(self) -> float | None:
@@ -87,11 +96,9 @@ class SearchSummary:
         """
         confirmed = self.confirmed_best
         if confirmed is not None:
-            ship = {"source": "confirmed", "trial": confirmed.number,
-                    "params": dict(confirmed.params)}
+            ship = {"source": "confirmed", "trial": confirmed.number, "params": self.ship_params}
         elif self.best_number is not None:
-            ship = {"source": "best_run", "trial": self.best_number,
-                    "params": dict(self.best_params)}
+            ship = {"source": "best_run", "trial": self.best_number, "params": self.ship_params}
         else:
             ship = None
         return {
@@ -99,6 +106,7 @@ class SearchSummary:
             "direction": self.direction,
             "metric": self.metric or None,
             "ship": ship,
+            "pinned": dict(self.pinned),
             "trials": {"finished": self.n_trials, "real": self.real,
                        "simulated": self.simulated, "failed": self.failed,
                        "predicted_failures": self.predicted_failures},
@@ -168,6 +176,7 @@ def summarize(study: optuna.Study) -> SearchSummary:
         simulator_errors=_simulator_errors(trials),
         predicted_failures=sum(1 for t in trials if is_predicted_failure(t)),
         confirmation=read_confirmation(trials, maximize=maximize),
+        pinned=dict((user_attrs.get(STUDY_OPTIONS) or {}).get("fixed") or {}),
     )
 
 
@@ -201,10 +210,10 @@ def note_markdown(summary: SearchSummary, plot_links: Mapping[str, str] | None =
                     f"{confirmed.runs} runs of the config of trial #{confirmed.number}"
                     + (" (the default config)" if confirmed.is_default else "")
                     + f" (see Confirmation below). Best single run: {best}")
-        params = confirmed.params if confirmed is not None else summary.best_params
         lines += ["", best]
         lines += ["", "| knob | value |", "|---|---|"]
-        lines += [f"| {k} | {format_knob(v)} |" for k, v in sorted(params.items())]
+        lines += [f"| {k} | {format_knob(v)}{' (pinned)' if k in summary.pinned else ''} |"
+                  for k, v in sorted(summary.ship_params.items())]
     lines += _confirmation_markdown(summary, unit)
     lines += ["", "### Arm allocation", "",
               "Which sub-optimizer proposed each trial (user attr `autoscout:arm`).", "",

@@ -16,6 +16,7 @@ SIM_ERROR = "autoscout:sim_error"  # simulator calibrated relative error at deci
 SIM_ERROR_DETAIL = "autoscout:sim_error_detail"  # {n_pairs, discordance, kendall_tau, ...}
 ESTIMATE = "autoscout:estimate"  # the simulator (or ensemble) estimate reported at step 0
 SIMULATED = "autoscout:simulated"  # the raw analytic simulator output (ensemble input)
+STUDY_OPTIONS = "autoscout:options"  # study user attr (CLI): the options its measurements need
 DEFAULT_CONFIG = "autoscout:default_config"  # True: queued to run the study's default config
 CONFIRMS = "autoscout:confirms"  # number of the trial whose config this queued trial re-runs
 CONFIRM_SLOT = "autoscout:confirm_slot"  # which of its config's confirmation runs it is (1, 2...)

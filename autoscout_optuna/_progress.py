@@ -153,11 +153,12 @@ def summary_text(study: optuna.Study, added: int | None = None) -> str:
     lines = [f"Study {summary.study_name!r} ({summary.direction}): {summary.n_trials} trials"
              + ("" if added is None else f", {added} added by this run")]
     lines += [f"  {label:<18} {text}" for label, text in rows]
-    best_params = confirmed.params if confirmed is not None else summary.best_params
+    best_params = summary.ship_params
     if best_params:
         lines.append("Best configuration" + (" (confirmed)" if confirmed is not None else "")
                      + ":")
         lines += [f"  {knob:<28} {format_knob(value)}"
+                  + (" (pinned)" if knob in summary.pinned else "")
                   for knob, value in sorted(best_params.items())]
     return "\n".join(lines)
 

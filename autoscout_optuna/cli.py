@@ -30,11 +30,13 @@ from typing import Any
 
 import optuna
 
+from autoscout_optuna._keys import STUDY_OPTIONS
+
 DEFAULT_STORAGE = "sqlite:///autoscout.db"
 DEFAULT_ARTIFACT_DIR = "artifacts"
 DEFAULT_CLAIM_KEY = "autoscout:default_claim"  # study user attr: the worker measuring the default
 STUDY_KEY = "autoscout:study"  # study user attr: the name of the study definition it runs
-OPTIONS_KEY = "autoscout:options"  # study user attr: the options its measurements depend on
+OPTIONS_KEY = STUDY_OPTIONS  # study user attr: the options its measurements depend on
 # Options a resumed study may change: how many trials, how long a run may take, where logs go,
 # which GPU index a worker uses (``device_name`` still tells one kind of GPU from another);
 # every other option of a study definition changes what is measured.

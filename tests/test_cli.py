@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -570,6 +572,13 @@ def test_fix_pins_knobs_for_the_search_and_the_default_and_resume_keeps_them(toy
     # config, is the recipe with the pins
     assert not any({"tp", "cuda_graphs"} & set(t.params) for t in study.trials)
     assert study.trials[0].user_attrs["autoscout:default_config"] is True
+    # the config to ship is whole: the pins are no trial's params, but part of what ran
+    status, out, _ = _run_cli(capsys, "show", "--json")
+    record = json.loads(out)
+    assert record["pinned"] == {"tp": 4, "cuda_graphs": False}
+    assert {"tp": 4, "cuda_graphs": False}.items() <= record["ship"]["params"].items()
+    status, out, _ = _run_cli(capsys, "show")
+    assert re.search(r"tp\s+4 \(pinned\)", out)
     # other pins under the same name would mix measurements: refused, nothing lost
     status, _, err = _run_cli(capsys, "run", "llm_serving", "--fix", "tp=8", "--n-trials", "1")
     assert status == 2 and "fixed" in err
