@@ -591,11 +591,17 @@ def _load_definition(name: str, options: Mapping[str, Any], studies: Any) -> Any
                          "(or the path of a .py file defining definition(**options))")
     if name.endswith(".py") and not Path(name).is_file():
         raise UsageError(f"study file {name!r} does not exist")
-    try:
-        return studies.load(name, **options)
-    except (TypeError, ValueError) as error:
-        given = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "no options"
-        raise UsageError(f"study {name!r} rejected its options ({given}): {error}") from None
+    # What the study warns of while it is built (the GPT study names an attention backend that
+    # crashed its device probe) reads as one line each, not as a file:line and a source line.
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            return studies.load(name, **options)
+        except (TypeError, ValueError) as error:
+            given = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "no options"
+            raise UsageError(f"study {name!r} rejected its options ({given}): {error}") from None
+        finally:
+            for warning in caught:
+                print(f"autoscout run: warning: {warning.message}", file=sys.stderr)
 
 
 def open_storage(

@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from autoscout_optuna._failure import Infeasible
 from autoscout_optuna._keys import MEMORY_USE
 from autoscout_optuna._study_definition import Knobs, StudyDefinition, check_fixed
+
+from ._device_probe import DEFAULT_TIMEOUT_S, DeviceProbeWarning, native_bf16, probe_cuda
 
 NAME = "gpt_training"
 VOCAB = 256
@@ -54,53 +58,45 @@ COMPILE_S = {"off": 0.5, "default": 35.0, "max-autotune-no-cudagraphs": 300.0}
 ATTENTION_NEEDS_HALF = ("flash", "cudnn")
 
 
-def probe_device(device: str = "auto") -> dict[str, Any]:
-    """What the device is and supports: kind, name, memory, dtypes, attention backends."""
-    import torch
+def probe_device(device: str = "auto", *, probe_timeout: float = DEFAULT_TIMEOUT_S,
+                 ) -> dict[str, Any]:
+    """What the device is and supports: kind, name, memory, dtypes, attention backends.
 
+    A GPU is probed in a short-lived subprocess (``_device_probe``): a backend that crashes or
+    hangs there is not offered, with a warning naming it and how it failed, and the study
+    process keeps no CUDA context. ``attention`` is never empty: ``math`` when nothing ran.
+
+    Raises:
+        ValueError: ``device`` is none of the accepted forms, or the GPU cannot be probed
+            (no CUDA device, no such index: ``DeviceProbeError`` says why).
+    """
+    if device != "auto" and not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        # "gpu" or "mps" silently trained on the CPU
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     if device == "auto":
+        import torch  # is_available() starts no CUDA context
+
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not device.startswith("cuda"):
+    if device == "cpu":
         pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         return {"kind": "cpu", "device": "cpu", "name": "cpu", "memory_bytes": float(pages),
                 "dtypes": ["fp32", "bf16", "fp16"], "attention": ["auto", "math"]}
-    props = torch.cuda.get_device_properties(torch.device(device))
-    dtypes = ["bf16", "fp16", "fp32"] if _native_bf16(props) else ["fp16", "fp32"]
-    return {"kind": "gpu", "device": device, "name": props.name,
-            "memory_bytes": float(props.total_memory), "dtypes": dtypes,
-            "attention": _supported_attention(device), "tf32": props.major >= 8}
-
-
-def _native_bf16(props: Any) -> bool:
-    """Whether the GPU computes bf16 natively: Ampere (8.x) and later, or ROCm.
-
-    Not ``torch.cuda.is_bf16_supported()``: it also says True on a V100 or T4, where bf16 is
-    emulated, many times slower than fp16, and the study's default dtype is the first offered.
-    """
-    import torch
-
-    return bool(torch.version.hip) or props.major >= 8
-
-
-def _supported_attention(device: str) -> list[str]:
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
-    props = torch.cuda.get_device_properties(torch.device(device))
-    dtype = torch.bfloat16 if _native_bf16(props) else torch.float16
-    q = torch.randn(1, 4, 128, 128, device=device, dtype=dtype)
-    supported = []
-    for name, backend in backends.items():
-        try:
-            with sdpa_kernel(backend):
-                F.scaled_dot_product_attention(q, q, q, is_causal=True)
-            supported.append(name)
-        except RuntimeError:
-            continue
-    return supported
+    found = probe_cuda(device, timeout=probe_timeout)
+    for name, why in found.failed.items():
+        warnings.warn(f"{name} attention is not offered on {device}: {why}",
+                      DeviceProbeWarning, stacklevel=2)
+    attention = found.attention
+    if not attention:
+        # plain PyTorch ops: if it fails too, each trial fails with its reason, and the study
+        # does not die here (an empty list stopped definition() with an IndexError)
+        warnings.warn(f"no attention backend ran in the device probe on {device}; offering "
+                      "'math' alone", DeviceProbeWarning, stacklevel=2)
+        attention = ["math"]
+    native = native_bf16({"major": found.major, "hip": found.hip})
+    dtypes = ["bf16", "fp16", "fp32"] if native else ["fp16", "fp32"]
+    return {"kind": "gpu", "device": device, "name": found.name,
+            "memory_bytes": found.memory_bytes, "dtypes": dtypes,
+            "attention": attention, "tf32": found.major >= 8}
 
 
 def knob_domains(info: Mapping[str, Any], size: Mapping[str, int]) -> dict[str, Any]:

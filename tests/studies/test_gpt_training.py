@@ -77,21 +77,21 @@ def test_every_total_batch_holds_a_sequence_whatever_the_model_size():
 def test_a_gpu_that_only_emulates_bf16_is_not_offered_it(monkeypatch):
     # torch.cuda.is_bf16_supported() is True on a V100 (bf16 tensors can be made, emulated):
     # the study offered bf16 first, so its default config ran emulated bf16
-    import types
-
     import torch
     from autoscout_optuna.studies import gpt_training
+    from autoscout_optuna.studies._device_probe import CudaProbe
 
-    def gpu(major):
-        return types.SimpleNamespace(major=major, minor=0, name=f"GPU sm{major}0",
-                                     total_memory=16 * 2**30)
+    def gpu(major, hip=False):  # what the device probe's subprocess reports
+        found = CudaProbe(device="cuda", name=f"GPU sm{major}0", memory_bytes=16 * 2**30,
+                          major=major, hip=hip, attention=["math"])
+        return lambda device, timeout: found
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    monkeypatch.setattr(gpt_training, "_supported_attention", lambda device: ["math"])
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: gpu(7))
+    monkeypatch.setattr(gpt_training, "probe_cuda", gpu(7))
     assert gpt_training.probe_device("cuda")["dtypes"] == ["fp16", "fp32"]
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: gpu(8))
+    monkeypatch.setattr(gpt_training, "probe_cuda", gpu(8))
+    assert gpt_training.probe_device("cuda")["dtypes"] == ["bf16", "fp16", "fp32"]
+    monkeypatch.setattr(gpt_training, "probe_cuda", gpu(7, hip=True))  # ROCm: native bf16
     assert gpt_training.probe_device("cuda")["dtypes"] == ["bf16", "fp16", "fp32"]
 
 
