@@ -136,7 +136,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="study option, repeatable (e.g. -o num_gpus=128 -o gpu=A100)")
     run.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
                      help="pin a knob to a value instead of searching it, repeatable (e.g. "
-                     "--fix dtype=bf16 --fix tp=2); checked against the study's knobs; the "
+                     "--fix dtype=bf16 --fix tp=2 --fix cuda_graphs=false: only true/false are "
+                     "booleans, compile=off is a string); checked against the study's knobs; the "
                      "default config runs with the pins too (the study's fixed= option)")
     run.add_argument("--artifact-dir", default=DEFAULT_ARTIFACT_DIR,
                      help=f"where dashboard plots go (default: {DEFAULT_ARTIFACT_DIR})")
@@ -561,17 +562,20 @@ def _study_options(option: Sequence[str], fix: Sequence[str]) -> dict[str, Any]:
             knob, sep, text = item.partition("=")
             if not sep or not knob.strip():
                 raise UsageError(f"--fix {item!r}: expected KNOB=VALUE, e.g. --fix dtype=bf16")
-            # knob names are the study's own (no dash-to-underscore, unlike option keys)
-            fixed[knob.strip()] = _parse_value(text.strip())
+            # knob names are the study's own (no dash-to-underscore, unlike option keys); only
+            # true/false read as booleans: "off" is one of gpt_training's compile choices
+            fixed[knob.strip()] = _parse_value(text.strip(), bool_words=False)
         options["fixed"] = fixed
     return options
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(text: str, *, bool_words: bool = True) -> Any:
+    """``text`` as a bool, int or float where it reads as one, else the string; yes/no and
+    on/off read as booleans only with ``bool_words``."""
     lowered = text.lower()
-    if lowered in ("true", "yes", "on"):
+    if lowered in (("true", "yes", "on") if bool_words else ("true",)):
         return True
-    if lowered in ("false", "no", "off"):
+    if lowered in (("false", "no", "off") if bool_words else ("false",)):
         return False
     for kind in (int, float):
         try:

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 from optuna_dashboard import get_note
 
 from autoscout_optuna import Infeasible, cli, studies
 from autoscout_optuna._progress import ProgressReporter
+from autoscout_optuna._study_definition import check_fixed
 
 # A study file as a user would write one (shared with the security tests).
 TOY_STUDY = (Path(__file__).parent / "toy_study.py").read_text()
@@ -54,6 +56,17 @@ def test_parse_options_types():
     assert parsed == {"gpus": 128, "lr": 3e-4, "fast": True, "eager": False, "model": "70b",
                       "max_seqs": 8}
     assert type(parsed["gpus"]) is int and type(parsed["lr"]) is float
+
+
+def test_fix_values_read_on_off_as_strings_and_true_false_as_booleans():
+    # gpt_training's compile knob has the choice "off": read as False, no --fix could pin it
+    # ("compile must be one of ['off', ...], got False")
+    fixed = cli._study_options([], ["compile=off", "tf32=false", "cuda_graphs=TRUE",
+                                    "tp=04", "dtype=bf16", "prefix=no"])["fixed"]
+    assert fixed == {"compile": "off", "tf32": False, "cuda_graphs": True, "tp": 4,
+                     "dtype": "bf16", "prefix": "no"}
+    assert check_fixed({"compile": fixed["compile"]}, {
+        "compile": CategoricalDistribution(["off", "default", "max-autotune-no-cudagraphs"])})
 
 
 @pytest.mark.parametrize("item", ["gpus", "=3", "1x=2"])
