@@ -34,7 +34,14 @@ from autoscout_optuna._confirm import (
     gain_ratio,
     read_confirmation,
 )
-from autoscout_optuna._keys import ARM, DEFAULT_CONFIG, SIM_ERROR, STUDY_OPTIONS, TRUE_VALUE
+from autoscout_optuna._keys import (
+    ARM,
+    DEFAULT_CONFIG,
+    PINS_UNUSED,
+    SIM_ERROR,
+    STUDY_OPTIONS,
+    TRUE_VALUE,
+)
 from autoscout_optuna._progress import format_value, is_predicted_failure, real_value
 
 ORDER_KEY = "mcts:order"  # the feature priority order MCTSSampler used for a trial
@@ -65,6 +72,8 @@ class SearchSummary:
     predicted_failures: int = 0  # FAIL predicted by the simulator: no real run was spent
     confirmation: Confirmation | None = None  # re-runs of the top configs, when any were made
     pinned: Mapping[str, Any] = field(default_factory=dict)  # knobs the study fixed (--fix)
+    # pinned knobs the config to ship does not hold: its structure never asks them (vpp, pp=1)
+    pins_unused: frozenset[str] = frozenset()
 
     @property
     def confirmed_best(self) -> ConfirmedConfig | None:
@@ -75,10 +84,12 @@ class SearchSummary:
     @property
     def ship_params(self) -> dict[str, Any]:
         """The whole config to ship: the confirmed best's params, else the best real run's,
-        and the knobs the study pinned (never trial params, as they are never suggested)."""
+        and the knobs the study pinned (never trial params, as they are never suggested) that
+        its structure asks."""
         confirmed = self.confirmed_best
         params = confirmed.params if confirmed is not None else self.best_params
-        return {**self.pinned, **params} if params else {}
+        pins = {k: v for k, v in self.pinned.items() if k not in self.pins_unused}
+        return {**pins, **params} if params else {}
 
     @property
     def gain_over_default(self) -> float | None:
@@ -159,6 +170,9 @@ def summarize(study: optuna.Study) -> SearchSummary:
             row["best"] = value
     user_attrs = study.user_attrs
     counts = Counter(_kind(t) for t in trials if t.state.is_finished())
+    confirmation = read_confirmation(trials, maximize=maximize)
+    ship = confirmation.best if confirmation is not None and confirmation.best else best
+    ship_trial = next((t for t in trials if ship is not None and t.number == ship.number), None)
     return SearchSummary(
         study_name=study.study_name,
         direction="maximize" if maximize else "minimize",
@@ -175,8 +189,10 @@ def summarize(study: optuna.Study) -> SearchSummary:
         arms=arms,
         simulator_errors=_simulator_errors(trials),
         predicted_failures=sum(1 for t in trials if is_predicted_failure(t)),
-        confirmation=read_confirmation(trials, maximize=maximize),
+        confirmation=confirmation,
         pinned=dict((user_attrs.get(STUDY_OPTIONS) or {}).get("fixed") or {}),
+        pins_unused=frozenset(() if ship_trial is None
+                              else ship_trial.user_attrs.get(PINS_UNUSED, ())),
     )
 
 

@@ -20,6 +20,7 @@ STUDY_OPTIONS = "autoscout:options"  # study user attr (CLI): the options its me
 DEFAULT_CONFIG = "autoscout:default_config"  # True: queued to run the study's default config
 CONFIRMS = "autoscout:confirms"  # number of the trial whose config this queued trial re-runs
 CONFIRM_SLOT = "autoscout:confirm_slot"  # which of its config's confirmation runs it is (1, 2...)
+PINS_UNUSED = "autoscout:pins_unused"  # pinned knobs the trial's config holds another value of
 
 # system attrs
 STRUCTURE = "autoscout:structure"  # {param: value} structure a dense refinement must keep

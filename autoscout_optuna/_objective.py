@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import optuna
 
 from autoscout_optuna._failure import FAILURE_REASON_KEY, Infeasible
 from autoscout_optuna._keys import MEMORY_USE as MEMORY_USE_KEY
+from autoscout_optuna._keys import PINS_UNUSED
 from autoscout_optuna._keys import TRUE_VALUE as TRUE_VALUE_KEY
 from autoscout_optuna._rng import trial_rng
 from autoscout_optuna._study_definition import StudyDefinition
@@ -31,6 +32,23 @@ def call_recording_failure(trial: optuna.Trial, fn: Callable[[], Any]) -> Any:
         raise
 
 
+def suggest_recording(definition: StudyDefinition, trial: optuna.Trial) -> Any:
+    """The config ``definition`` suggests for ``trial`` (an :class:`Infeasible` recorded).
+
+    A knob pinned by the study's ``fixed`` that the config holds another value of was never
+    asked by the trial's structure (``vpp`` at ``pp=1``, ``tf32`` with bf16): its names go to
+    user attr ``autoscout:pins_unused``, so the config to ship leaves the pin out rather than
+    claim a value that did not run.
+    """
+    config = call_recording_failure(trial, lambda: definition.suggest(trial))
+    pins = definition.options.get("fixed") or {}
+    if isinstance(config, Mapping) and isinstance(pins, Mapping):
+        unused = sorted(k for k, v in pins.items() if k in config and config[k] != v)
+        if unused:
+            trial.set_user_attr(PINS_UNUSED, unused)
+    return config
+
+
 def reference_objective(
     definition: StudyDefinition, *, noise_seed: int | None = 0
 ) -> Callable[[optuna.Trial], float]:
@@ -42,7 +60,7 @@ def reference_objective(
     """
 
     def objective(trial: optuna.Trial) -> float:
-        config = call_recording_failure(trial, lambda: definition.suggest(trial))
+        config = suggest_recording(definition, trial)
         return call_recording_failure(
             trial, lambda: measure_definition(definition, trial, config, noise_seed)
         )
@@ -95,7 +113,7 @@ def simulator_objective(definition: StudyDefinition) -> Callable[[optuna.Trial],
         raise ValueError(f"study {definition.name!r} has no simulator")
 
     def objective(trial: optuna.Trial) -> float:
-        config = call_recording_failure(trial, lambda: definition.suggest(trial))
+        config = suggest_recording(definition, trial)
         return float(call_recording_failure(trial, lambda: definition.simulate(config)))
 
     return objective

@@ -152,3 +152,29 @@ def test_without_a_separate_measurement_the_default_comes_from_its_trial():
     assert _dashboard.default_trial_value([ran, *others]) == 1.4  # noiseless where recorded
     assert _dashboard.default_trial_value([lost, *others]) is None  # no real run of it yet
     assert _dashboard.default_trial_value(others) is None  # none was queued
+
+
+def test_the_config_to_ship_leaves_out_a_pin_its_structure_never_asks():
+    # --fix vpp=2: a pp=1 config never asks vpp and runs vpp=1; shipping {pp: 1, vpp: 2}
+    # claimed a config that did not run (and one Megatron-LM refuses)
+    from autoscout_optuna import studies
+    from autoscout_optuna._keys import PINS_UNUSED, STUDY_OPTIONS
+    from autoscout_optuna._objective import reference_objective
+
+    definition = studies.load("llm_training", fixed={"vpp": 2})
+    study = optuna.create_study(direction=definition.direction)
+    study.set_user_attr(STUDY_OPTIONS, {"fixed": {"vpp": 2}})
+    layout = dict(tp=2, micro_batch=1, recompute="none", sequence_parallel=True, zero_stage=1,
+                  overlap_grad_reduce=False, comm_sms=16, cuda_graphs=False)
+    study.enqueue_trial(dict(layout, pp=1))
+    study.enqueue_trial(dict(layout, pp=2))
+    study.optimize(reference_objective(definition, noise_seed=None), n_trials=2)
+    flat, piped = study.trials
+    assert flat.user_attrs[PINS_UNUSED] == ["vpp"] and PINS_UNUSED not in piped.user_attrs
+    summary = _dashboard.summarize(study)
+    assert summary.pinned == {"vpp": 2}
+    assert summary.best_number == flat.number  # pp=1 is the faster: noiseless, measured
+    ship = summary.ship_params
+    assert ship == {**layout, "pp": 1}
+    record = summary.to_record()
+    assert record["ship"]["params"] == ship and record["pinned"] == {"vpp": 2}

@@ -28,6 +28,7 @@ from autoscout_optuna._objective import (
     measure_definition,
     measured_number,
     record_failure,
+    suggest_recording,
 )
 from autoscout_optuna._study_definition import StudyDefinition
 from autoscout_optuna.fidelity._study_ensemble import StudyEnsembleEstimator
@@ -156,7 +157,7 @@ def from_definition(
     estimator = StudyEnsembleEstimator(**dict(ensemble_options or {})) if use_ensemble else None
 
     def objective(trial: optuna.Trial) -> float:
-        config = call_recording_failure(trial, lambda: definition.suggest(trial))
+        config = suggest_recording(definition, trial)
 
         def estimate() -> float:
             raw = float(simulate(trial, config))
