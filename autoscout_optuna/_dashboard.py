@@ -88,8 +88,10 @@ class SearchSummary:
         its structure asks."""
         confirmed = self.confirmed_best
         params = confirmed.params if confirmed is not None else self.best_params
+        if confirmed is None and self.best_number is None:
+            return {}  # no real run: nothing to ship
         pins = {k: v for k, v in self.pinned.items() if k not in self.pins_unused}
-        return {**pins, **params} if params else {}
+        return {**pins, **params}
 
     @property
     def gain_over_default(self) -> float | None:

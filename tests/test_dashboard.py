@@ -178,3 +178,19 @@ def test_the_config_to_ship_leaves_out_a_pin_its_structure_never_asks():
     assert ship == {**layout, "pp": 1}
     record = summary.to_record()
     assert record["ship"]["params"] == ship and record["pinned"] == {"vpp": 2}
+
+
+def test_a_study_with_every_knob_pinned_ships_its_pins():
+    # one config measured (every knob pinned, e.g. to confirm it): its trials have no params,
+    # and the config to ship was empty
+    from autoscout_optuna._keys import STUDY_OPTIONS
+
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(STUDY_OPTIONS, {"fixed": {"tp": 4, "cuda_graphs": False}})
+    study.add_trial(create_trial(value=2.0, params={}, distributions={}))
+    summary = _dashboard.summarize(study)
+    assert summary.ship_params == {"tp": 4, "cuda_graphs": False}
+    assert summary.to_record()["ship"]["params"] == {"tp": 4, "cuda_graphs": False}
+    empty = optuna.create_study(direction="maximize")
+    empty.set_user_attr(STUDY_OPTIONS, {"fixed": {"tp": 4}})
+    assert _dashboard.summarize(empty).ship_params == {}  # no run: nothing to ship
