@@ -235,8 +235,8 @@ SEARCHED_KNOBS = ("total_batch_log2", "device_batch", "dtype", "compile", "optim
 
 def default_params(study_def: StudyDefinition) -> dict[str, Any]:
     """The default config as trial params, for ``study.enqueue_trial`` (the rest of the config
-    is derived or fixed; knobs the device does not search, like ``compile`` on a CPU, are left
-    out)."""
+    is derived or fixed). A knob the trial never asks, like ``compile`` on a CPU or ``tf32``
+    with bf16, may be among them: Optuna ignores a queued param nothing suggests."""
     config = study_def.default_config or {}
     return {name: config[name] for name in SEARCHED_KNOBS if name in config}
 
