@@ -355,8 +355,10 @@ def confirmation_targets(
 ) -> list[tuple[ConfirmedConfig, int]]:
     """The configs to confirm, with how many confirmation runs each still lacks.
 
-    The ``top`` configs by the mean of the real runs the search made of them, then the default
-    config (if ``include_default`` and it has a real run). Its confirmation trials count toward
+    The ``top`` configs by the mean of the real runs the search made of them, then every other
+    config an earlier call asked confirmation runs of (each confirmed config is ranked on
+    ``repeats`` runs, not on fewer), then the default config (if ``include_default`` and it has
+    a real run). Its confirmation trials count toward
     ``repeats`` whatever their state (finished, failed, waiting or running), but for those a
     dead worker left or Ctrl-C stopped (``failure_reason`` ``worker_died``, ``interrupted``):
     those runs were never made.
@@ -364,10 +366,15 @@ def confirmation_targets(
     configs = _configs(trials)
     ranked = sorted((c for c in configs.values() if c.searched or c.values),
                     key=lambda c: _oriented(_search_mean(c), maximize), reverse=True)[:top]
+    held = _held_slots(trials)
+    # A config an earlier call confirmed (before the search went on, or a worker that read
+    # other trials) competes to be shipped too: its runs are topped up like the top configs',
+    # or one lucky run of it outranked configs confirmed on `repeats` runs each.
+    ranked += [c for c in configs.values()
+               if c.number in held and not c.is_default and c not in ranked]
     default = next((c for c in configs.values() if c.is_default), None)
     if include_default and default is not None and default.values and default not in ranked:
         ranked.append(default)
-    held = _held_slots(trials)
     return [(config, max(0, repeats - _asked(held.get(config.number, []))))
             for config in ranked]
 

@@ -304,8 +304,8 @@ def _confirm(
     from autoscout_optuna import Infeasible, confirm_best
     from autoscout_optuna._progress import ProgressReporter
 
-    print(f"confirming the top {args.confirm_top} configs and the default config: up to "
-          f"{args.confirm} more runs each", file=sys.stderr)
+    print(f"confirming the top {args.confirm_top} configs, any confirmed before and the default "
+          f"config: up to {args.confirm} more runs each", file=sys.stderr)
     reporter = ProgressReporter(n_trials=None, metric=metric)
     try:
         confirm_best(study, objective, top=args.confirm_top, repeats=args.confirm,

@@ -161,7 +161,7 @@ def test_run_confirms_the_top_configs_and_ships_the_confirmed_one(toy, capsys):
     # the top 2 configs and the default, 2 runs each (the default may be among the top 2)
     assert len(study.trials) == 8 + len(confirming) and len(confirming) in (4, 6)
     assert all(t.state == TrialState.COMPLETE for t in confirming)
-    assert "confirming the top 2 configs and the default config" in err
+    assert "confirming the top 2 configs, any confirmed before and the default config" in err
     assert "confirmed best" in out and "confirmed gain" in out
     assert "Best configuration (confirmed):" in out
     assert "### Confirmation" in get_note(study)

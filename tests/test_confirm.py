@@ -88,8 +88,9 @@ def test_targets_are_the_top_configs_and_the_default_less_what_they_have_asked_f
     no_default = confirmation_targets(trials, maximize=True, top=3, repeats=2,
                                       include_default=False)
     assert [c.number for c, _ in no_default] == [1, 2, 3]
+    # minimize: config 0 leads; configs 1 and 2, confirmed before, are topped up after it
     assert [c.number for c, _ in confirmation_targets(
-        trials, maximize=False, top=1, repeats=1, include_default=False)] == [0]
+        trials, maximize=False, top=1, repeats=1, include_default=False)] == [0, 1, 2]
     assert read_confirmation(trials[:5], maximize=True) is None  # nothing confirmed yet
 
 
@@ -309,6 +310,30 @@ def test_nothing_is_confirmed_before_a_confirmation_run_is_made():
     ship = summarize(study).to_record()["ship"]
     assert ship == {"source": "best_run", "trial": 1, "params": {"x": 2.0}}
     assert "confirmed" not in summary_text(study)
+
+
+def test_a_config_confirmed_before_the_search_went_on_is_topped_up_with_the_new_top():
+    # --confirm 1, then more search and --confirm 3 (or a second worker that searched on):
+    # config x=2's one lucky confirmation run (9) outranked x=3's three runs (6 each), and the
+    # config shipped as "confirmed" was judged on one run where three were asked for
+    runs = {1.0: [1.0] * 5, 2.0: [5.0, 9.0, 4.0, 4.0], 3.0: [6.0] * 4}
+    made = {x: 0 for x in runs}
+
+    def objective(trial):
+        x = trial.suggest_float("x", 0.0, 10.0)
+        made[x] += 1
+        return runs[x][made[x] - 1]
+
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({"x": 1.0}, user_attrs={DEFAULT_CONFIG: True})
+    study.enqueue_trial({"x": 2.0})
+    study.optimize(objective, n_trials=2)
+    confirm_best(study, objective, top=1, repeats=1)
+    study.enqueue_trial({"x": 3.0})
+    study.optimize(objective, n_trials=1)
+    found = confirm_best(study, objective, top=1, repeats=3)
+    assert {c.params["x"]: c.runs for c in found.candidates} == {3.0: 3, 2.0: 3, 1.0: 4}
+    assert found.best.params == {"x": 3.0} and found.candidates[1].mean == pytest.approx(17 / 3)
 
 
 def _two_workers(tmp_path, *, seed=0):
