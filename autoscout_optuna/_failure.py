@@ -32,6 +32,20 @@ class Infeasible(Exception):
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
+DETAIL_LIMIT = 500  # characters of user attr ``failure_detail``
+
+
+def clip_detail(detail: str, limit: int = DETAIL_LIMIT) -> str:
+    """``detail`` in at most ``limit`` characters: its first line (how a run ended: ``exit 1``,
+    ``killed after 900 s``) and as much of its end as fits, where a job's output ends with the
+    error that stopped it. Cutting either end alone lost one of them."""
+    if len(detail) <= limit:
+        return detail
+    first = detail.partition("\n")[0][: limit // 4]
+    gap = "\n...\n"
+    return first + gap + detail[len(detail) - (limit - len(first) - len(gap)):]
+
+
 # Reasons that name a rule of the system under test (an argument check, an unsupported pairing)
 # rather than a resource running out: such a config fails whatever the memory or time, and so
 # does every config that repeats its offending choices.

@@ -8,7 +8,7 @@ from typing import Any
 
 import optuna
 
-from autoscout_optuna._failure import FAILURE_REASON_KEY, Infeasible
+from autoscout_optuna._failure import FAILURE_REASON_KEY, Infeasible, clip_detail
 from autoscout_optuna._keys import MEMORY_USE as MEMORY_USE_KEY
 from autoscout_optuna._keys import PINS_UNUSED
 from autoscout_optuna._keys import TRUE_VALUE as TRUE_VALUE_KEY
@@ -20,7 +20,7 @@ def record_failure(trial: optuna.Trial, error: Infeasible) -> None:
     """Write why a trial failed where optuna-dashboard and ``trials_dataframe`` show it."""
     trial.set_user_attr(FAILURE_REASON_KEY, error.reason)
     if error.detail:
-        trial.set_user_attr("failure_detail", error.detail[:500])
+        trial.set_user_attr("failure_detail", clip_detail(error.detail))
 
 
 def call_recording_failure(trial: optuna.Trial, fn: Callable[[], Any]) -> Any:

@@ -20,6 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autoscout_optuna import _storage, _validate
+from autoscout_optuna._failure import clip_detail
 from autoscout_optuna._keys import FAILURE_REASON
 from autoscout_optuna.runners._failure import RunFailed
 from autoscout_optuna.runners._lock import GpuLock
@@ -355,7 +356,7 @@ class CommandRunner:
                 trial.set_user_attr(key, value)
         if failure is not None:
             trial.set_user_attr(FAILURE_REASON, failure.reason)
-            trial.set_user_attr("failure_detail", failure.detail[-500:])
+            trial.set_user_attr("failure_detail", clip_detail(failure.detail))
         if self.artifact_store is not None and log_path is not None and log_path.exists():
             from optuna.artifacts import upload_artifact
 

@@ -122,6 +122,26 @@ def test_progress_a_python_job_prints_without_flushing_reaches_the_guards(tmp_pa
     assert trial.user_attrs[FAILURE_REASON] == "too_slow"
 
 
+def test_a_crash_records_how_the_job_ended_and_its_last_words_through_the_objective(tmp_path):
+    # the objectives record the failure again: they kept the first 500 characters of the
+    # detail ("exit 1", then the job's first lines), so the error a job printed last, the one
+    # line that says what went wrong, was lost (a missing -o data file read as a bare
+    # "Traceback (most recent call last): File "<frozen ")
+    from autoscout_optuna._objective import call_recording_failure
+
+    runner = script_runner(tmp_path, """
+        for step in range(100):
+            print(f"step {step} | loss 3.0 | a progress line of some length")
+        raise SystemExit("ValueError: data file '/nonexistent' does not exist")
+    """)
+    study = optuna.create_study(direction="minimize")
+    study.optimize(lambda trial: call_recording_failure(trial, lambda: runner.run(
+        trial, {"x": trial.suggest_int("x", 1, 10)})["val_bpb"]), n_trials=1, catch=(Infeasible,))
+    detail = study.trials[0].user_attrs["failure_detail"]
+    assert detail.startswith("exit 1\n") and len(detail) <= 500
+    assert detail.endswith("ValueError: data file '/nonexistent' does not exist")
+
+
 def test_run_failed_is_infeasible_with_reason(tmp_path):
     runner = script_runner(tmp_path, "raise SystemExit(2)")
     with pytest.raises(RunFailed) as info:
