@@ -294,9 +294,12 @@ def definition(*, device: str = "auto", time_budget: float | None = None,
         n_trials: Default number of trials for ``autoscout run``.
     """
     from autoscout_optuna.runners import CommandRunner
+    from autoscout_optuna.runners._data import check_data_file
     from autoscout_optuna.runners._mfu import default_cpu_threads, device_peak
     from autoscout_optuna.runners._process import resolve_lock_name
 
+    if data is not None:  # the trainer refuses it at start: every trial would crash alike
+        check_data_file(data)
     info = probe_device(device)
     kind = info["kind"]
     if size is not None and size not in SIZES:

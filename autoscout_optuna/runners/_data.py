@@ -16,6 +16,7 @@ import numpy as np
 
 VAL_EVERY = 10  # about one file in ten goes to validation
 MAX_CORPUS_BYTES = 16 * 2**20  # bound on memory and start-up time for very large --data files
+MIN_DATA_BYTES = 4096  # a user's text file must have this much to split into train and val
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,18 @@ def _goes_to_val(name: str) -> bool:
     return int.from_bytes(digest, "little") % VAL_EVERY == 0
 
 
+def check_data_file(path: str | Path) -> None:
+    """Raise a ValueError where :func:`load_corpus` would refuse the text file ``path``:
+    missing, or too small to split (the study checks it before any run is spent)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"data file {str(path)!r} does not exist")
+    size = file.stat().st_size
+    if size < MIN_DATA_BYTES:
+        raise ValueError(f"data file {str(path)!r} has {size} bytes; need at least "
+                         f"{MIN_DATA_BYTES}")
+
+
 def load_corpus(path: str | Path | None = None, *, val_fraction: float = 0.1) -> Corpus:
     """Load the standard-library corpus, or the user's text file ``path``.
 
@@ -57,12 +70,9 @@ def load_corpus(path: str | Path | None = None, *, val_fraction: float = 0.1) ->
     if not 0.0 < val_fraction <= 0.5:
         raise ValueError(f"val_fraction must be in (0, 0.5], got {val_fraction!r}")
     if path is not None:
+        check_data_file(path)
         file = Path(path)
-        if not file.is_file():
-            raise ValueError(f"data file {str(path)!r} does not exist")
         text = file.read_bytes()[:MAX_CORPUS_BYTES]
-        if len(text) < 4096:
-            raise ValueError(f"data file {str(path)!r} has {len(text)} bytes; need at least 4096")
         cut = int(len(text) * (1.0 - val_fraction))
         train, val = text[:cut], text[cut:]
         source = str(file)

@@ -164,6 +164,19 @@ def test_options_are_validated():
             studies.load("gpt_training", device="cpu", time_budget=6.0, timeout=timeout)
 
 
+def test_a_data_file_every_run_would_refuse_is_refused_at_definition(tmp_path):
+    # the trainer refused it at start: every trial crashed alike until the run gave up
+    with pytest.raises(ValueError, match="data file '/nonexistent/text.txt' does not exist"):
+        studies.load("gpt_training", device="cpu", data="/nonexistent/text.txt")
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"x" * 100)
+    with pytest.raises(ValueError, match="has 100 bytes; need at least 4096"):
+        studies.load("gpt_training", device="cpu", data=str(small))
+    text = tmp_path / "text.txt"
+    text.write_bytes(b"hello world " * 400)
+    assert studies.load("gpt_training", device="cpu", data=str(text)).options["data"] == str(text)
+
+
 @pytest.mark.slow
 def test_one_real_trial_end_to_end(cpu_study):
     study = optuna.create_study(direction=cpu_study.direction)
