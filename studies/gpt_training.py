@@ -241,6 +241,22 @@ def default_params(study_def: StudyDefinition) -> dict[str, Any]:
     return {name: config[name] for name in SEARCHED_KNOBS if name in config}
 
 
+# Knobs some devices do not search, and which devices do.
+_DEVICE_KNOBS = {"compile": "a GPU knob", "tf32": "a knob of GPUs with TF32, Ampere and newer"}
+
+
+def _check_pins_this_device_searches(
+    fixed: Mapping[str, Any] | None, domains: Mapping[str, Any], kind: str
+) -> None:
+    """Raise a ValueError naming a pinned knob of the study that ``domains`` (this device's
+    space) lacks: ``check_fixed`` would call it unknown, and send the user looking for a typo."""
+    pinned = set(fixed) if isinstance(fixed, Mapping) else set()
+    absent = sorted(k for k in pinned - set(domains) if k in _DEVICE_KNOBS)
+    if absent:
+        why = "; ".join(f"{k} is not searched on {kind} ({_DEVICE_KNOBS[k]})" for k in absent)
+        raise ValueError(f"fixed: {why}; knobs here are {sorted(domains)}")
+
+
 def trainer_command(python: str = sys.executable, data: str | None = None) -> list[str]:
     """The trainer's argument list with ``{placeholders}`` for :class:`CommandRunner`."""
     keys = {"time_budget": "time_budget", "n_layer": "n_layer", "n_head": "n_head",
@@ -307,7 +323,9 @@ def definition(*, device: str = "auto", time_budget: float | None = None,
     model = SIZES[size or kind]
     # a typo (dtpye=...) was ignored and the knob searched; a value off its domain, or a knob
     # this device does not search (compile on a CPU), ran something else than was asked
-    fixed_copy = check_fixed(fixed, knob_domains(info, model))
+    domains = knob_domains(info, model)
+    _check_pins_this_device_searches(fixed, domains, kind)
+    fixed_copy = check_fixed(fixed, domains)
     budget = float(time_budget if time_budget is not None else DEFAULT_BUDGET_S[kind])
     if budget <= 0:
         raise ValueError(f"time_budget must be > 0, got {time_budget}")
