@@ -601,6 +601,9 @@ def _load_definition(name: str, options: Mapping[str, Any], studies: Any) -> Any
         try:
             return studies.load(name, **options)
         except (TypeError, ValueError) as error:
+            if "fixed" in options and "unexpected keyword argument 'fixed'" in str(error):
+                raise UsageError(f"--fix: study {name!r} cannot pin knobs (its definition() "
+                                 "takes no fixed=)") from None
             given = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "no options"
             raise UsageError(f"study {name!r} rejected its options ({given}): {error}") from None
         finally:

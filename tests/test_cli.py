@@ -89,7 +89,10 @@ def test_parse_options_rejects_malformed_items(item):
         (["run", "llm_serving", "--fix", "tpp=2"], "unknown knob(s) ['tpp']"),
         (["run", "llm_serving", "--fix", "tp=3"], "tp must be one of [1, 2, 4, 8]"),
         (["run", "llm_serving", "-o", "fixed=tp"], "pin knobs with --fix KNOB=VALUE"),
-        (["run", "toy_study.py", "--fix", "x=1"], "fixed"),
+        # a study file whose definition() takes no fixed=: "unexpected keyword argument" said
+        # nothing of --fix, and made the user hunt for a typo
+        (["run", "toy_study.py", "--fix", "x=1"],
+         "--fix: study 'toy_study.py' cannot pin knobs (its definition() takes no fixed=)"),
         (["run", "toy_study.py", "--storage", "nosuchdb://x"], "cannot open storage"),
         (["run", "toy_study.py", "--storage", "sqlite:////no/such/dir/x.db"],
          "cannot open storage"),
