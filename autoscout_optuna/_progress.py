@@ -160,6 +160,11 @@ def summary_text(study: optuna.Study, added: int | None = None) -> str:
         lines += [f"  {knob:<28} {format_knob(value)}"
                   + (" (pinned)" if knob in summary.pinned else "")
                   for knob, value in sorted(best_params.items())]
+        unused = [f"{k}={format_knob(v)}" for k, v in sorted(summary.pinned.items())
+                  if k in summary.pins_unused]
+        if unused:  # left out of the config to ship: say so, or the pin seems lost
+            lines.append(f"  (pinned but not asked by this config's structure: "
+                         f"{', '.join(unused)})")
     return "\n".join(lines)
 
 

@@ -178,6 +178,10 @@ def test_the_config_to_ship_leaves_out_a_pin_its_structure_never_asks():
     assert ship == {**layout, "pp": 1}
     record = summary.to_record()
     assert record["ship"]["params"] == ship and record["pinned"] == {"vpp": 2}
+    # the summary says where the pin went rather than drop it without a word
+    from autoscout_optuna._progress import summary_text
+
+    assert "pinned but not asked by this config's structure: vpp=2" in summary_text(study)
 
 
 def test_a_study_with_every_knob_pinned_ships_its_pins():
