@@ -135,8 +135,9 @@ def summary_text(study: optuna.Study, added: int | None = None) -> str:
                              f"(trial #{summary.best_number}{noiseless})"))
         # what a real run measured besides the objective (runners record tokens/s and MFU)
         best_attrs = study.trials[summary.best_number].user_attrs
-        measured = [f"{format_value(best_attrs[key])} {label}" for key, label in
-                    (("tokens_per_s", "tokens/s"), ("mfu", "MFU"))
+        measured = [show(best_attrs[key]) for key, show in
+                    (("tokens_per_s", lambda v: f"{format_value(v)} tokens/s"),
+                     ("mfu", lambda v: f"{v:.1%} MFU"))  # a share of the peak
                     if isinstance(best_attrs.get(key), (int, float))]
         if measured:
             rows.append(("best run", ", ".join(measured)))

@@ -198,3 +198,13 @@ def test_a_study_with_every_knob_pinned_ships_its_pins():
     empty = optuna.create_study(direction="maximize")
     empty.set_user_attr(STUDY_OPTIONS, {"fixed": {"tp": 4}})
     assert _dashboard.summarize(empty).ship_params == {}  # no run: nothing to ship
+
+
+def test_the_best_runs_mfu_reads_as_a_percentage():
+    # "0.3586 MFU" beside "22,810 tokens/s": MFU is a share, and everywhere else a percentage
+    from autoscout_optuna._progress import summary_text
+
+    study = optuna.create_study(direction="minimize")
+    study.add_trial(create_trial(value=3.7, params={}, distributions={},
+                                 user_attrs={"tokens_per_s": 22810.3, "mfu": 0.3586}))
+    assert "best run           22,810 tokens/s, 35.9% MFU" in summary_text(study)
