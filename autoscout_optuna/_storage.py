@@ -48,6 +48,33 @@ def storage_key(study: optuna.Study) -> tuple[int, int]:
     return id(study._storage), study._study_id
 
 
+def serialize_sqlite_transactions(storage: optuna.storages.BaseStorage) -> None:
+    """Make each transaction of a SQLite file ``storage`` take the write lock when it begins.
+
+    Optuna pops its queue (and claims a trial, :func:`claim_waiting_trial`) by reading a
+    WAITING trial and writing it RUNNING in one transaction "FOR UPDATE", which SQLite ignores:
+    two worker processes on one file both read WAITING, both wrote RUNNING, and both ran the
+    trial (the second to finish crashed with "Cannot tell a COMPLETE trial"). ``BEGIN
+    IMMEDIATE`` makes the second wait until the first has committed, and then read RUNNING.
+    Optuna's transactions are a few statements each, so workers wait milliseconds. No-op for
+    other storages and in-memory SQLite (a new connection there is a new, empty database).
+    """
+    engine = getattr(storage, "engine", None)
+    if engine is None or engine.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+        return
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.isolation_level = None  # pysqlite issues no BEGIN of its own
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # the pooled connections were opened without the hook
+
+
 def fail_trial(study: optuna.Study, trial: FrozenTrial) -> None:
     """Move a RUNNING trial to FAIL (a trial whose worker died cannot finish it itself)."""
     study._storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL)

@@ -644,12 +644,14 @@ def open_storage(
 
 
 def _connect(url: str, heartbeat: bool) -> optuna.storages.BaseStorage:
+    from autoscout_optuna._storage import serialize_sqlite_transactions
+
     if heartbeat and "://" in url and not url.startswith(("redis", "journal")):
         with warnings.catch_warnings():
             # Optuna flags the heartbeat API experimental at every start: the user cannot
             # act on it, and it buries the first progress line.
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
+            storage = optuna.storages.RDBStorage(
                 url,
                 heartbeat_interval=HEARTBEAT_INTERVAL_S,
                 grace_period=HEARTBEAT_GRACE_S,
@@ -657,6 +659,9 @@ def _connect(url: str, heartbeat: bool) -> optuna.storages.BaseStorage:
                     optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
                 ),
             )
+        # a worker (`autoscout run`) pops the queue other workers on the file pop too
+        serialize_sqlite_transactions(storage)
+        return storage
     return optuna.storages.get_storage(url)
 
 

@@ -483,6 +483,34 @@ def test_a_storage_with_heartbeats_opens_without_optuna_s_experimental_warnings(
     assert not [w for w in caught if issubclass(w.category, optuna.exceptions.ExperimentalWarning)]
 
 
+def test_two_workers_on_one_sqlite_file_never_both_pop_one_queued_trial(tmp_path):
+    # Optuna pops its queue by reading a WAITING trial and writing it RUNNING "FOR UPDATE",
+    # which SQLite ignores: two `autoscout run --confirm` workers both popped one confirmation
+    # run, both made it, and the second to finish crashed ("Cannot tell a COMPLETE trial")
+    import sqlalchemy
+
+    url = f"sqlite:///{tmp_path / 'q.db'}?timeout=0.2"
+    first, second = (cli.open_storage(url, heartbeat=True) for _ in range(2))
+    study = optuna.create_study(storage=first, study_name="q")
+    study.enqueue_trial({"x": 1.0})
+    queued = study.get_trials()[0]._trial_id
+    second_popped = []
+
+    def second_pops_between_the_read_and_the_write(conn, cursor, statement, *args):
+        # the first has read the trial WAITING and is about to write it RUNNING
+        if not second_popped and statement.lstrip().upper().startswith("UPDATE"):
+            try:
+                second_popped.append(second.set_trial_state_values(queued, TrialState.RUNNING))
+            except optuna.exceptions.StorageInternalError:  # locked: waits its turn
+                second_popped.append(False)
+
+    sqlalchemy.event.listen(first.engine, "before_cursor_execute",
+                            second_pops_between_the_read_and_the_write)
+    first_popped = first.set_trial_state_values(queued, TrialState.RUNNING)
+    assert second_popped and [first_popped, *second_popped].count(True) == 1
+    assert second.set_trial_state_values(queued, TrialState.RUNNING) is False  # taken
+
+
 def test_the_summary_says_how_the_measured_peaks_read_the_memory_formula():
     from autoscout_optuna import AutoScoutSampler, Infeasible, MegatronMemoryEstimate
     from autoscout_optuna._objective import reference_objective
