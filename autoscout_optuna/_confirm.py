@@ -355,7 +355,8 @@ def confirmation_targets(
 ) -> list[tuple[ConfirmedConfig, int]]:
     """The configs to confirm, with how many confirmation runs each still lacks.
 
-    The ``top`` configs by the mean of the real runs the search made of them, then every other
+    The ``top`` configs by the mean of the real runs the search made of them (confirmation runs
+    left out, the default's too, so the pick does not move as they come in), then every other
     config an earlier call asked confirmation runs of (each confirmed config is ranked on
     ``repeats`` runs, not on fewer), then the default config (if ``include_default`` and it has
     a real run). Its confirmation trials count toward
@@ -364,8 +365,14 @@ def confirmation_targets(
     those runs were never made.
     """
     configs = _configs(trials)
-    ranked = sorted((c for c in configs.values() if c.searched or c.values),
-                    key=lambda c: _oriented(_search_mean(c), maximize), reverse=True)[:top]
+    # Picked on the runs the search made: the default's confirmation runs count toward its
+    # mean, and as they came in they moved it down the ranking, so a worker that read them
+    # picked another top config than one that did not (a fourth config confirmed in full).
+    searched = _configs([t for t in trials if _keys.CONFIRMS not in t.user_attrs])
+    order = sorted((key for key, c in searched.items() if c.searched or c.values),
+                   key=lambda key: _oriented(_search_mean(searched[key]), maximize),
+                   reverse=True)
+    ranked = [configs[key] for key in order[:top]]
     held = _held_slots(trials)
     # A config an earlier call confirmed (before the search went on, or a worker that read
     # other trials) competes to be shipped too: its runs are topped up like the top configs',

@@ -13,7 +13,14 @@ from optuna.trial import TrialState, create_trial
 from autoscout_optuna import AutoScoutSampler, FidelityPruner, Infeasible, confirm_best
 from autoscout_optuna._confirm import confirmation_targets, read_confirmation
 from autoscout_optuna._dashboard import note_markdown, summarize
-from autoscout_optuna._keys import ARM, CONFIRMS, DEFAULT_CONFIG, FAILURE_REASON, FIDELITY
+from autoscout_optuna._keys import (
+    ARM,
+    CONFIRM_SLOT,
+    CONFIRMS,
+    DEFAULT_CONFIG,
+    FAILURE_REASON,
+    FIDELITY,
+)
 from autoscout_optuna._progress import confirmation_rows, summary_text
 from autoscout_optuna.fidelity import multi_fidelity_objective
 
@@ -92,6 +99,20 @@ def test_targets_are_the_top_configs_and_the_default_less_what_they_have_asked_f
     assert [c.number for c, _ in confirmation_targets(
         trials, maximize=False, top=1, repeats=1, include_default=False)] == [0, 1, 2]
     assert read_confirmation(trials[:5], maximize=True) is None  # nothing confirmed yet
+
+
+def test_the_top_configs_do_not_move_as_the_defaults_confirmation_runs_come_in():
+    # two workers confirming at once: one read the default's first confirmation run (low),
+    # the default fell out of its top 3 and a fourth config was confirmed 3 times; the top
+    # configs are picked on the runs the search made, whoever reads them when
+    searched = [
+        _trial(0, 1.0, 5.0, **{DEFAULT_CONFIG: True}), _trial(1, 2.0, 6.0), _trial(2, 3.0, 4.5),
+    ]
+    later = [*searched, _trial(3, 1.0, 3.0, **{CONFIRMS: 0, CONFIRM_SLOT: 1})]
+    before = confirmation_targets(searched, maximize=True, top=2, repeats=2)
+    after = confirmation_targets(later, maximize=True, top=2, repeats=2)
+    assert [c.number for c, _ in before] == [c.number for c, _ in after] == [1, 0]
+    assert [missing for _, missing in after] == [2, 1]
 
 
 def _objective(trial):
@@ -430,7 +451,6 @@ def test_a_worker_that_finds_the_queue_emptied_by_another_starts_no_search_run(
 
 def test_only_a_waiting_duplicate_is_retired_never_a_run_started_or_a_retry():
     from autoscout_optuna._confirm import _retire_duplicates
-    from autoscout_optuna._keys import CONFIRM_SLOT
     from autoscout_optuna._storage import claim_waiting_trial
 
     study = optuna.create_study(direction="maximize")
