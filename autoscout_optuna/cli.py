@@ -526,12 +526,15 @@ def queue_default_trial(study: optuna.Study, definition: Any) -> bool:
     default then runs as the next trial instead of never (neither trial 0 nor confirmed).
     """
     from autoscout_optuna._dashboard import default_trial
+    from autoscout_optuna._keys import DEFAULT_CONFIG
 
-    trials = study.get_trials(deepcopy=False)
-    if default_trial(trials) is not None:
+    if default_trial(study.get_trials(deepcopy=False)) is not None:
         return False
     definition.enqueue_default(study)
-    print(f"trial {len(trials)} runs the default config", file=sys.stderr)
+    # its number, not the count read before: another worker may have begun a trial meanwhile
+    number = max(t.number for t in study.get_trials(deepcopy=False)
+                 if t.user_attrs.get(DEFAULT_CONFIG))
+    print(f"trial {number} runs the default config", file=sys.stderr)
     return True
 
 

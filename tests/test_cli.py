@@ -381,6 +381,23 @@ def test_a_default_claim_left_by_a_dead_worker_is_taken_over(toy, capsys):
     assert _default_trials(_study(toy)) == [0]  # the study was still empty
 
 
+def test_the_default_s_trial_number_is_the_one_it_was_queued_as(toy, capsys, monkeypatch):
+    # another worker began a trial between the read and the queueing: the default became
+    # trial 1, and the line said "trial 0 runs the default config"
+    from autoscout_optuna._study_definition import StudyDefinition
+
+    queue = StudyDefinition.enqueue_default
+
+    def another_worker_starts_first(self, study):
+        study.add_trial(optuna.trial.create_trial(state=TrialState.RUNNING))
+        queue(self, study)
+
+    monkeypatch.setattr(StudyDefinition, "enqueue_default", another_worker_starts_first)
+    status, _, err = _run_cli(capsys, "run", "toy_study.py", "--n-trials", "1")
+    assert status == 0, err
+    assert _default_trials(_study(toy)) == [1] and "trial 1 runs the default config" in err
+
+
 def test_a_study_with_trials_but_none_of_the_default_runs_it_next(toy, capsys):
     # a trial another worker began while this one waited out its claim on the default (or
     # that the study ran before the CLI): the default still runs, as the next trial
