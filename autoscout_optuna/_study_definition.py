@@ -42,6 +42,12 @@ class StudyDefinition:
         is_real: True when ``measure`` runs a real job (not a reference model): no noiseless
             value exists and benchmarks skip the study.
         description: One line for ``autoscout run --help`` and reports.
+        options: The options the study was built with that change what it measures (JSON
+            values; ``n_trials`` is ``autoscout run``'s default budget). ``autoscout run``
+            stores them and resumes the study only with the same ones (``n_trials``,
+            ``timeout``, ``log_dir`` and ``device`` may change): an option left out of them
+            is not compared, and a study resumed with another value of it mixes measurements
+            that do not compare.
         measure_trial: Optional real measurement that also gets the trial,
             ``measure_trial(trial, config)``, so a runner can record logs, telemetry and failure
             reasons on it. Objectives use it instead of ``measure`` when set; ``measure`` stays
