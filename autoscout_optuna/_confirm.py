@@ -483,10 +483,11 @@ def _run_made(trial: FrozenTrial) -> bool:
 
 
 def _never_made(trial: FrozenTrial) -> bool:
-    """A run that was never made: its worker died, Ctrl-C stopped it, or it was queued twice
-    and retired unrun."""
+    """A run that was never made: its worker died, Ctrl-C stopped it, it was queued twice and
+    retired unrun, or it is a search trial stopped unrun for an emptied queue (whose params,
+    on a space of few choices, can be a confirmed config's)."""
     reason = trial.user_attrs.get(_keys.FAILURE_REASON)
-    return reason in LOST_RUN_REASONS or reason == DUPLICATE
+    return reason in LOST_RUN_REASONS or reason in (DUPLICATE, QUEUE_EMPTIED)
 
 
 def _search_mean(config: ConfirmedConfig) -> float | None:

@@ -81,6 +81,21 @@ def test_a_config_that_failed_a_run_ranks_behind_every_config_that_never_did():
     assert "failed to confirm config of trial #0: oom in 1 of 2 runs" in text
 
 
+def test_a_search_trial_stopped_unrun_for_an_emptied_queue_is_no_failure_of_its_config():
+    # the search trial Optuna started where another worker took the last confirmation run is
+    # failed before any run: on a space of few choices it can hold the best config's params,
+    # and it ranked that config behind every other as "failed to confirm"
+    from autoscout_optuna._confirm import QUEUE_EMPTIED
+
+    trials = [
+        _trial(0, 1.0, 5.0), _trial(1, 2.0, 4.0),
+        _trial(2, 1.0, 5.1, **{CONFIRMS: 0}), _trial(3, 2.0, 4.1, **{CONFIRMS: 1}),
+        _trial(4, 1.0, state=TrialState.FAIL, **{FAILURE_REASON: QUEUE_EMPTIED}),
+    ]
+    found = read_confirmation(trials, maximize=True)
+    assert found.best.number == 0 and found.best.failures == ()
+
+
 def test_targets_are_the_top_configs_and_the_default_less_what_they_have_asked_for():
     trials = [
         _trial(0, 1.0, 1.0, **{DEFAULT_CONFIG: True}),
