@@ -290,7 +290,7 @@ def _retire_duplicates(study: optuna.Study) -> list[int]:
     retired = []
     for trial in study.get_trials(deepcopy=False):
         slot = trial.user_attrs.get(_keys.CONFIRM_SLOT)
-        if slot is None or _never_made(trial) or _OPTUNA_RETRY in trial.system_attrs:
+        if slot is None or never_made(trial) or _OPTUNA_RETRY in trial.system_attrs:
             continue
         key = (trial.user_attrs.get(_keys.CONFIRMS), slot)
         if key not in held:
@@ -396,7 +396,7 @@ def _held_slots(trials: Sequence[FrozenTrial]) -> dict[int, list[int | None]]:
     held: dict[int, list[int | None]] = {}
     for trial in trials:
         number = trial.user_attrs.get(_keys.CONFIRMS)
-        if number is not None and not _never_made(trial):
+        if number is not None and not never_made(trial):
             held.setdefault(number, []).append(trial.user_attrs.get(_keys.CONFIRM_SLOT))
     return held
 
@@ -479,13 +479,13 @@ def _run_made(trial: FrozenTrial) -> bool:
         return real_value(trial) is not None
     if trial.state != TrialState.FAIL:
         return False  # still queued or running
-    return not _never_made(trial) and not is_predicted_failure(trial)
+    return not never_made(trial) and not is_predicted_failure(trial)
 
 
-def _never_made(trial: FrozenTrial) -> bool:
-    """A run that was never made: its worker died, Ctrl-C stopped it, it was queued twice and
-    retired unrun, or it is a search trial stopped unrun for an emptied queue (whose params,
-    on a space of few choices, can be a confirmed config's)."""
+def never_made(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` is a run that was never made: its worker died, Ctrl-C stopped it, it
+    was queued twice and retired unrun, or it is a search trial stopped unrun for an emptied
+    queue (whose params, on a space of few choices, can be a confirmed config's)."""
     reason = trial.user_attrs.get(_keys.FAILURE_REASON)
     return reason in LOST_RUN_REASONS or reason in (DUPLICATE, QUEUE_EMPTIED)
 

@@ -32,6 +32,7 @@ from autoscout_optuna._confirm import (
     Confirmation,
     ConfirmedConfig,
     gain_ratio,
+    never_made,
     read_confirmation,
 )
 from autoscout_optuna._keys import (
@@ -70,6 +71,8 @@ class SearchSummary:
     arms: Mapping[str, Mapping[str, Any]]  # arm -> {trials, real, simulated, failed, best}
     simulator_errors: list[tuple[int, float]] = field(default_factory=list)  # (trial, rel. err)
     predicted_failures: int = 0  # FAIL predicted by the simulator: no real run was spent
+    # FAIL without a run: interrupted, a dead worker's, a duplicate or unrun confirmation trial
+    never_run: int = 0
     confirmation: Confirmation | None = None  # re-runs of the top configs, when any were made
     pinned: Mapping[str, Any] = field(default_factory=dict)  # knobs the study fixed (--fix)
     # pinned knobs the config to ship does not hold: its structure never asks them (vpp, pp=1)
@@ -122,7 +125,8 @@ class SearchSummary:
             "pinned": dict(self.pinned),
             "trials": {"finished": self.n_trials, "real": self.real,
                        "simulated": self.simulated, "failed": self.failed,
-                       "predicted_failures": self.predicted_failures},
+                       "predicted_failures": self.predicted_failures,
+                       "never_run": self.never_run},
             "best_run": None if self.best_number is None else {
                 "trial": self.best_number, "value": _number(self.best_value),
                 "noiseless_value": _number(self.best_true_value),
@@ -191,6 +195,7 @@ def summarize(study: optuna.Study) -> SearchSummary:
         arms=arms,
         simulator_errors=_simulator_errors(trials),
         predicted_failures=sum(1 for t in trials if is_predicted_failure(t)),
+        never_run=sum(1 for t in trials if t.state == TrialState.FAIL and never_made(t)),
         confirmation=confirmation,
         pinned=dict((user_attrs.get(STUDY_OPTIONS) or {}).get("fixed") or {}),
         pins_unused=frozenset(() if ship_trial is None

@@ -124,7 +124,9 @@ def summary_text(study: optuna.Study, added: int | None = None) -> str:
         ("simulated", f"{summary.simulated} (simulator estimate trusted, real run saved)"),
         ("failed", f"{summary.failed} (infeasible, crashed or stopped: see failure_reason)"
                    + (f"; {summary.predicted_failures} of them predicted by the simulator, "
-                      "no run spent" if summary.predicted_failures else "")),
+                      "no run spent" if summary.predicted_failures else "")
+                   + (f"; {summary.never_run} of them never ran (interrupted, a dead "
+                      "worker's or a duplicate)" if summary.never_run else "")),
     ]
     if summary.best_value is None:
         rows.append(("best", "no real run completed yet"))

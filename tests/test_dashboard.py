@@ -208,3 +208,22 @@ def test_the_best_runs_mfu_reads_as_a_percentage():
     study.add_trial(create_trial(value=3.7, params={}, distributions={},
                                  user_attrs={"tokens_per_s": 22810.3, "mfu": 0.3586}))
     assert "best run           22,810 tokens/s, 35.9% MFU" in summary_text(study)
+
+
+def test_the_failed_count_says_how_many_trials_never_ran():
+    # two workers confirming at once retire duplicates and stop search trials unrun; a Ctrl-C
+    # stops a trial: all of them counted as "failed" configs, with nothing saying so
+    from autoscout_optuna._keys import FAILURE_REASON
+    from autoscout_optuna._progress import summary_text
+
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(create_trial(value=2.0, params={}, distributions={}))
+    for reason in ("oom", "duplicate_confirmation", "confirmation_queue_empty", "interrupted"):
+        study.add_trial(create_trial(state=optuna.trial.TrialState.FAIL,
+                                     user_attrs={FAILURE_REASON: reason}))
+    summary = _dashboard.summarize(study)
+    assert summary.failed == 4 and summary.never_run == 3
+    assert summary.to_record()["trials"]["never_run"] == 3
+    assert "failed             4 (" in summary_text(study)
+    assert "; 3 of them never ran (interrupted, a dead worker's or a duplicate)" in \
+        summary_text(study)
