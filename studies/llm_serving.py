@@ -160,7 +160,7 @@ def _roomiest(config: dict[str, Any], free: set[str]) -> dict[str, Any]:
     with ``max_num_seqs`` and ``max_num_batched_tokens`` (their activations), which must still
     satisfy ``max_num_batched_tokens >= max_num_seqs`` and, without chunked prefill,
     ``>= max_model_len``. No other knob enters :func:`_serving_model.start_up`."""
-    domains, config = knob_domains(), dict(config)
+    domains, config = _SPACE, dict(config)  # read, not copied: called once per structure
     if "max_num_seqs" in free:
         config["max_num_seqs"] = domains["max_num_seqs"].low
     if "max_num_batched_tokens" in free:
